@@ -1,0 +1,83 @@
+package core
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+// The argument checks, in one place. Each returns a typed error before
+// anything reaches the database.
+
+func checkText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// checkID checks a group id or worker id: non-empty, at most limit bytes,
+// valid UTF-8 without NUL.
+func checkID(id string, limit int, sentinel error) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", sentinel)
+	case len(id) > limit:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", sentinel, len(id), limit)
+	case !checkText(id):
+		return fmt.Errorf("%w: not valid UTF-8 or holds a NUL byte", sentinel)
+	}
+	return nil
+}
+
+func checkGroup(group string) error {
+	return checkID(group, pgtransport.MaxGroupBytes, pgtransport.ErrInvalidGroup)
+}
+
+func checkWorkerID(id string) error {
+	return checkID(id, pgtransport.MaxWorkerIDBytes, pgtransport.ErrInvalidWorkerID)
+}
+
+func (c *Core) checkEvent(event string) error {
+	switch {
+	case len(event) > c.maxEvent:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", pgtransport.ErrEventTooLarge, len(event), c.maxEvent)
+	case !checkText(event):
+		return fmt.Errorf("%w: not valid UTF-8 or holds a NUL byte", pgtransport.ErrInvalidEvent)
+	}
+	return nil
+}
+
+func checkPriority(p int) error {
+	if p < pgtransport.MinPriority || p > pgtransport.MaxPriority {
+		return fmt.Errorf("%w: %d, want %d to %d", pgtransport.ErrInvalidPriority, p, pgtransport.MinPriority, pgtransport.MaxPriority)
+	}
+	return nil
+}
+
+func checkVisibility(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%w: %v, want > 0", pgtransport.ErrInvalidVisibility, d)
+	}
+	return nil
+}
+
+func checkDelay(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: %v, want >= 0", pgtransport.ErrInvalidDelay, d)
+	}
+	return nil
+}
+
+func checkLease(l *pgtransport.Lease) error {
+	if l == nil {
+		return pgtransport.ErrNilLease
+	}
+	if err := checkGroup(l.Group); err != nil {
+		return err
+	}
+	if l.Token == "" || !checkText(l.Token) {
+		return fmt.Errorf("%w: lease has no valid token", pgtransport.ErrLeaseLost)
+	}
+	return nil
+}

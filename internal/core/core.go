@@ -1,0 +1,198 @@
+// Package core is the one implementation behind package sync and package
+// async: argument checks, the statements, error mapping, and the
+// publish/claim/ack/nack/extend calls. Front-ends add only their calling
+// convention.
+package core
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+// DBTX is what the core sends statements through: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx. A *pgx.Conn serves one goroutine at a time.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Core is safe for concurrent use when its DBTX is.
+type Core struct {
+	db       DBTX
+	clock    func() time.Time
+	maxEvent int
+	q        statements
+	cfg      pgtransport.Config
+}
+
+// New checks cfg, fills its defaults and, unless cfg.SkipApply, applies the
+// schema.
+func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
+	cfg, err := Defaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil database handle", pgtransport.ErrInvalidConfig)
+	}
+	if !cfg.SkipApply {
+		if err := schema.Apply(ctx, db, cfg.Schema); err != nil {
+			return nil, mapErr("apply schema", err)
+		}
+	}
+	return &Core{db: db, clock: cfg.Clock, maxEvent: cfg.MaxEventBytes, q: newStatements(cfg.Schema), cfg: cfg}, nil
+}
+
+// Defaults validates cfg and fills in the defaults its zero fields stand for.
+func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
+	if err := schema.ValidateName(cfg.Schema); err != nil {
+		return cfg, err
+	}
+	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 {
+		return cfg, fmt.Errorf("%w: MaxEventBytes and MaxConnectWait must not be negative", pgtransport.ErrInvalidConfig)
+	}
+	cfg.MaxEventBytes = cmp.Or(cfg.MaxEventBytes, pgtransport.DefaultMaxEventBytes)
+	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
+	return cfg, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (c *Core) Config() pgtransport.Config { return c.cfg }
+
+// now is the injected clock's time as epoch seconds, or nil: the server's.
+func (c *Core) now() *float64 {
+	if c.clock == nil {
+		return nil
+	}
+	s := epoch(c.clock())
+	return &s
+}
+
+func epoch(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+func fromEpoch(s float64) time.Time {
+	sec, frac := math.Modf(s)
+	return time.Unix(int64(sec), int64(frac*1e9))
+}
+
+// Publish appends event to group through db (the core's handle, or a
+// caller's transaction), readying the group with priority if it is new.
+func (c *Core) Publish(ctx context.Context, db DBTX, group, event string, priority int) (int64, error) {
+	if err := cmp.Or(checkGroup(group), c.checkEvent(event), checkPriority(priority)); err != nil {
+		return 0, fmt.Errorf("publish: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("publish: %w", err)
+	}
+	var seq int64
+	if err := db.QueryRow(ctx, c.q.publish, group, event, priority).Scan(&seq); err != nil {
+		return 0, mapErr("publish", err)
+	}
+	return seq, nil
+}
+
+// Claim leases the next claimable group at or above minPriority and returns
+// its head, or nil when nothing is claimable.
+func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	if err := cmp.Or(checkWorkerID(workerID), checkVisibility(visibility), checkPriority(minPriority)); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	token := workerID + ":" + newUUID()
+	var (
+		l      = pgtransport.Lease{Token: token}
+		expiry float64
+	)
+	err := c.db.QueryRow(ctx, c.q.claim, c.now(), visibility.Seconds(), token, minPriority).
+		Scan(&l.Group, &l.Seq, &l.Event, &expiry)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, mapErr("claim", err)
+	}
+	l.Expiry = fromEpoch(expiry)
+	return &l, nil
+}
+
+// Ack deletes the lease's message and frees its group.
+func (c *Core) Ack(ctx context.Context, l *pgtransport.Lease) error {
+	if err := checkLease(l); err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	return c.fenced(ctx, "ack", c.q.ack, l.Group, l.Seq, l.Token)
+}
+
+// Nack gives the lease back: parked for delay, or free at once when delay is 0.
+func (c *Core) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Duration) error {
+	if err := cmp.Or(checkLease(l), checkDelay(delay)); err != nil {
+		return fmt.Errorf("nack: %w", err)
+	}
+	return c.fenced(ctx, "nack", c.q.nack, l.Group, l.Token, delay.Seconds())
+}
+
+// Extend moves the lease's end to now + visibility.
+func (c *Core) Extend(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) error {
+	if err := cmp.Or(checkLease(l), checkVisibility(visibility)); err != nil {
+		return fmt.Errorf("extend: %w", err)
+	}
+	return c.fenced(ctx, "extend", c.q.extend, l.Group, l.Token, visibility.Seconds())
+}
+
+// fenced runs a statement that answers whether the token still held its
+// group: false is ErrLeaseLost.
+func (c *Core) fenced(ctx context.Context, op, sql string, args ...any) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	var held bool
+	if err := c.db.QueryRow(ctx, sql, append([]any{c.now()}, args...)...).Scan(&held); err != nil {
+		return mapErr(op, err)
+	}
+	if !held {
+		return fmt.Errorf("%s: %w", op, pgtransport.ErrLeaseLost)
+	}
+	return nil
+}
+
+// mapErr maps PostgreSQL error codes to the package's sentinels, keeping the
+// original error in the chain.
+func mapErr(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42883", "42P01", "3F000": // undefined_function, undefined_table, invalid_schema_name
+			return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrSchemaMissing, err)
+		case "23514": // check_violation: the priority CHECK
+			return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrInvalidPriority, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// DB returns the handle the core sends statements through.
+func (c *Core) DB() DBTX { return c.db }

@@ -1,0 +1,47 @@
+package core
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements every front-end sends: one round-trip each, all logic in the
+// server-side functions (schema/sql). "now" is $now: the injected clock's
+// epoch seconds, or NULL for the database server's clock, so workers' clocks
+// never need to agree. {s} is the quoted schema prefix, or nothing.
+const (
+	nowExpr = `COALESCE($1::float8, extract(epoch FROM clock_timestamp())::float8)`
+
+	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int)`
+
+	claimSQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
+  FROM (SELECT ` + nowExpr + ` AS now) AS t,
+       LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
+
+	ackSQL = `SELECT {s}harel_ack($2::text, $3::bigint, $4::text, ` + nowExpr + `)`
+
+	nackSQL = `SELECT {s}harel_nack($2::text, $3::text, ` + nowExpr + `, $4::float8)`
+
+	extendSQL = `SELECT {s}harel_extend($2::text, $3::text, ` + nowExpr + ` + $4::float8)`
+)
+
+// statements are the SQL texts bound to one schema.
+type statements struct {
+	publish, claim, ack, nack, extend string
+}
+
+func newStatements(schema string) statements {
+	prefix := ""
+	if schema != "" {
+		prefix = pgx.Identifier{schema}.Sanitize() + "."
+	}
+	bind := func(q string) string { return strings.ReplaceAll(q, "{s}", prefix) }
+	return statements{
+		publish: bind(publishSQL),
+		claim:   bind(claimSQL),
+		ack:     bind(ackSQL),
+		nack:    bind(nackSQL),
+		extend:  bind(extendSQL),
+	}
+}

@@ -1,0 +1,145 @@
+package pgtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Cluster is a throwaway PostgreSQL cluster in a temporary directory,
+// listening on 127.0.0.1 at a free port. Tests that own it may restart it.
+type Cluster struct {
+	dir, bin string
+	port     int
+	asUser   string // run the binaries as this user (root may not run them)
+}
+
+// StartCluster initializes and starts a cluster from the installed server
+// binaries.
+func StartCluster() (*Cluster, error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pgtransport-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("throwaway cluster: running as root and there is no postgres user to run initdb as: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		c.asUser = "postgres"
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	if out, err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("throwaway cluster: initdb: %w\n%s", err, out)
+	}
+	if err := c.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// DSN is the cluster's connection string.
+func (c *Cluster) DSN() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// Start starts the (stopped) cluster and waits until it accepts connections.
+func (c *Cluster) Start() error {
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=200", c.port, c.dir)
+	out, err := c.run("pg_ctl", "-D", c.data(), "-o", opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "60", "start")
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
+		return fmt.Errorf("throwaway cluster: pg_ctl start: %w\n%s\n%s", err, out, log)
+	}
+	return nil
+}
+
+// StopKeep stops the cluster (fast shutdown: connections are cut) and keeps
+// its files, so Start brings it back with its data.
+func (c *Cluster) StopKeep() error {
+	out, err := c.run("pg_ctl", "-D", c.data(), "-m", "fast", "-w", "stop")
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl stop: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Stop stops the cluster and removes its files.
+func (c *Cluster) Stop() {
+	_ = c.StopKeep()
+	os.RemoveAll(c.dir)
+}
+
+func (c *Cluster) run(name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	path := filepath.Join(c.bin, name)
+	var cmd *exec.Cmd
+	if c.asUser != "" {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", c.asUser, "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	cmd.Dir = c.dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.Bytes(), err
+}
+
+// findBin finds the directory of initdb and pg_ctl: pg_config --bindir, the
+// newest /usr/lib/postgresql/*/bin, or PATH.
+func findBin() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int {
+		va, _ := strconv.Atoi(filepath.Base(filepath.Dir(a)))
+		vb, _ := strconv.Atoi(filepath.Base(filepath.Dir(b)))
+		return vb - va
+	})
+	for _, dir := range dirs {
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", fmt.Errorf("throwaway cluster: no initdb found (pg_config --bindir, /usr/lib/postgresql/*/bin, PATH)")
+}

@@ -1,0 +1,207 @@
+// Package pgtest gives each test its own PostgreSQL schema on a real server.
+//
+// The server is, in order: $DATABASE_URL; a local server on 127.0.0.1:5432
+// or the default Unix socket; a throwaway cluster started from the installed
+// PostgreSQL binaries (initdb and pg_ctl in a temporary directory, run as the
+// postgres user when the process is root) and stopped when the tests end.
+// PGTRANSPORT_TEST_THROWAWAY=1 skips the first two. No server at all fails
+// the test run loudly with install instructions; it never skips.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	mu      stdsync.Mutex
+	baseDSN string
+	admin   *pgxpool.Pool
+	cluster *Cluster
+	failed  error
+)
+
+// Main runs a package's tests and then stops a throwaway cluster if one was
+// started. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	Shutdown()
+	os.Exit(code)
+}
+
+// Shutdown closes the shared pool and stops the throwaway cluster, if any.
+func Shutdown() {
+	mu.Lock()
+	defer mu.Unlock()
+	if admin != nil {
+		admin.Close()
+		admin = nil
+	}
+	if cluster != nil {
+		cluster.Stop()
+		cluster = nil
+	}
+}
+
+const install = `no PostgreSQL server for the tests.
+Set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres), start a local
+server on 127.0.0.1:5432, or install PostgreSQL's server binaries so a throwaway
+cluster can be started (Debian/Ubuntu: apt-get install postgresql).`
+
+// DSN returns the connection string of the test server, finding or starting
+// it on first use. It fails the test when there is none.
+func DSN(tb testing.TB) string {
+	tb.Helper()
+	dsn, _, err := server()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return dsn
+}
+
+// Server returns the throwaway cluster the tests run on, or nil when they
+// run on a server this process does not own.
+func Server(tb testing.TB) *Cluster {
+	tb.Helper()
+	DSN(tb)
+	mu.Lock()
+	defer mu.Unlock()
+	return cluster
+}
+
+func server() (string, *pgxpool.Pool, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if admin != nil || failed != nil {
+		return baseDSN, admin, failed
+	}
+	baseDSN, failed = find()
+	if failed == nil {
+		admin, failed = open(baseDSN, 8)
+	}
+	return baseDSN, admin, failed
+}
+
+func find() (string, error) {
+	var tried []error
+	if os.Getenv("PGTRANSPORT_TEST_THROWAWAY") == "" {
+		candidates := []string{
+			os.Getenv("DATABASE_URL"),
+			"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+			"host=/var/run/postgresql user=postgres dbname=postgres",
+		}
+		for i, dsn := range candidates {
+			if dsn == "" {
+				continue
+			}
+			err := ping(dsn)
+			if err == nil {
+				return dsn, nil
+			}
+			if i == 0 {
+				// An explicit DATABASE_URL that does not work is an error, not a hint.
+				return "", fmt.Errorf("DATABASE_URL: %w", err)
+			}
+			tried = append(tried, err)
+		}
+	}
+	c, err := StartCluster()
+	if err != nil {
+		tried = append(tried, err)
+		return "", fmt.Errorf("%s\n%w", install, errors.Join(tried...))
+	}
+	cluster = c
+	fmt.Fprintf(os.Stderr, "pgtest: started a throwaway PostgreSQL cluster (%s) at %s\n", c.bin, c.DSN())
+	return c.DSN(), nil
+}
+
+func ping(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.Ping(ctx)
+}
+
+func open(dsn string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// DB is one test's database: a fresh schema, dropped when the test ends.
+type DB struct {
+	Schema string        // the test's own schema; pass it as Config.Schema
+	DSN    string        // the server's connection string
+	Pool   *pgxpool.Pool // search_path is Schema, so plain SQL finds the tables
+}
+
+// New creates a fresh schema for tb and a pool (up to maxConns connections,
+// 0 means 8) whose search_path is that schema. Both go away in tb.Cleanup.
+func New(tb testing.TB, maxConns int32) *DB {
+	tb.Helper()
+	dsn, adm, err := server()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+	ctx := context.Background()
+	if _, err := adm.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: create schema: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if maxConns == 0 {
+		maxConns = 8
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: pool: %v", err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		if _, err := adm.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("pgtest: drop schema %s: %v", name, err)
+		}
+	})
+	return &DB{Schema: name, DSN: dsn, Pool: pool}
+}
+
+// Conn opens a single connection whose search_path is the test's schema,
+// closed in tb.Cleanup.
+func (db *DB) Conn(tb testing.TB) *pgx.Conn {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	cfg.RuntimeParams["search_path"] = db.Schema
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	tb.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}

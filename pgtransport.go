@@ -1,0 +1,105 @@
+// Package pgtransport holds the types shared by the blocking transport
+// (package sync) and the channel-based one (package async): the Lease a claim
+// hands out, the Config both take, and the errors both return.
+//
+// pgtransport is a message queue on PostgreSQL alone with strict FIFO per
+// group and at most one holder per group at a time. See the README for the
+// guarantees and for the SQL protocol other languages speak.
+package pgtransport
+
+import (
+	"errors"
+	"time"
+)
+
+// Limits on what a publish or claim accepts. Inputs beyond them are refused
+// with a typed error before anything is sent to the database.
+const (
+	// MinPriority and MaxPriority bound a group's priority.
+	MinPriority = 0
+	MaxPriority = 4
+	// MaxGroupBytes bounds a group id, so it always fits a btree index entry.
+	MaxGroupBytes = 1024
+	// MaxWorkerIDBytes bounds a worker id (it becomes part of the lease token).
+	MaxWorkerIDBytes = 256
+	// DefaultMaxEventBytes is the event size limit when Config.MaxEventBytes is 0.
+	DefaultMaxEventBytes = 1 << 20
+	// DefaultMaxConnectWait is how long FromDSN retries when Config.MaxConnectWait is 0.
+	DefaultMaxConnectWait = time.Minute
+)
+
+// Errors, checked with errors.Is. Input errors are returned before anything
+// is written.
+var (
+	// ErrLeaseLost: the lease's token no longer holds its group (the lease
+	// lapsed and another worker claimed the group, or it was already settled).
+	// The call changed nothing.
+	ErrLeaseLost = errors.New("pgtransport: lease lost")
+	// ErrNilLease: a nil *Lease was passed.
+	ErrNilLease = errors.New("pgtransport: nil lease")
+	// ErrInvalidGroup: a group id that is empty, longer than MaxGroupBytes,
+	// not valid UTF-8, or holds a NUL byte.
+	ErrInvalidGroup = errors.New("pgtransport: invalid group id")
+	// ErrInvalidEvent: an event that is not valid UTF-8 or holds a NUL byte.
+	ErrInvalidEvent = errors.New("pgtransport: invalid event")
+	// ErrEventTooLarge: an event longer than the configured MaxEventBytes.
+	ErrEventTooLarge = errors.New("pgtransport: event too large")
+	// ErrInvalidPriority: a priority outside MinPriority..MaxPriority.
+	ErrInvalidPriority = errors.New("pgtransport: invalid priority")
+	// ErrInvalidVisibility: a visibility timeout that is not positive.
+	ErrInvalidVisibility = errors.New("pgtransport: invalid visibility")
+	// ErrInvalidDelay: a negative nack delay.
+	ErrInvalidDelay = errors.New("pgtransport: invalid delay")
+	// ErrInvalidWorkerID: a worker id that is empty, longer than
+	// MaxWorkerIDBytes, not valid UTF-8, or holds a NUL byte.
+	ErrInvalidWorkerID = errors.New("pgtransport: invalid worker id")
+	// ErrInvalidSchema: a schema name PostgreSQL cannot hold (empty is fine:
+	// it means the connection's current schema).
+	ErrInvalidSchema = errors.New("pgtransport: invalid schema name")
+	// ErrInvalidConfig: a Config field out of range.
+	ErrInvalidConfig = errors.New("pgtransport: invalid config")
+	// ErrSchemaMissing: the tables or functions are not there; apply the
+	// schema (Config.SkipApply unset, or schema.Apply, or `make schema`).
+	ErrSchemaMissing = errors.New("pgtransport: schema not applied")
+	// ErrClosed: the transport was closed.
+	ErrClosed = errors.New("pgtransport: transport closed")
+)
+
+// Lease is one claimed message: the head of Group, held by Token until it is
+// acked, nacked, or Expiry passes. While the lease holds, no other worker is
+// handed any message of Group.
+type Lease struct {
+	Group  string
+	Seq    int64 // the message's position; FIFO within Group follows it
+	Event  string
+	Token  string    // workerID:uuid, unique to this claim
+	Expiry time.Time // when the lease lapses, by the clock that granted it
+}
+
+// Config configures a transport. The zero value works: objects in the
+// connection's current schema, the database server's clock, the schema
+// applied on open, a 1 MiB event limit.
+type Config struct {
+	// Schema places every table and function in this PostgreSQL schema
+	// (created if absent). Empty means the connection's current schema and
+	// unqualified names, exactly as the design writes them. Two transports
+	// in different schemas never see each other's messages.
+	Schema string
+
+	// SkipApply leaves the database alone on open: for teams that load the
+	// script (`make schema`, schema.SQL) with their own migration tool.
+	SkipApply bool
+
+	// Clock, if set, supplies "now" for leases, parks and acks. Nil means
+	// the database server's clock, so workers' clocks need not agree; a
+	// Clock is for deterministic tests.
+	Clock func() time.Time
+
+	// MaxEventBytes bounds an event's size in bytes. 0 means
+	// DefaultMaxEventBytes.
+	MaxEventBytes int
+
+	// MaxConnectWait bounds how long FromDSN retries a database that is not
+	// accepting connections yet. 0 means DefaultMaxConnectWait.
+	MaxConnectWait time.Duration
+}

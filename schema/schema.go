@@ -1,0 +1,230 @@
+// Package schema creates and upgrades the tables and server-side functions
+// the transports use.
+//
+// The SQL lives in numbered, forward-only, idempotent files (sql/NNN_*.sql).
+// Apply runs the ones a database lacks in one transaction under a
+// transaction-scoped advisory lock, so any number of workers may apply at
+// once, and records each version in transport_schema_version. SQL returns the
+// whole script for teams that run their own migration tool.
+package schema
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// Migration is one numbered schema file.
+type Migration struct {
+	Version int
+	Name    string // file name, e.g. "001_init.sql"
+	SQL     string
+}
+
+var migrations = load()
+
+func load() []Migration {
+	names, err := fs.Glob(files, "sql/*.sql")
+	if err != nil {
+		panic(err)
+	}
+	var ms []Migration
+	for _, name := range names {
+		base := path.Base(name)
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("schema: file name must start with a number and an underscore: " + base)
+		}
+		body, err := files.ReadFile(name)
+		if err != nil {
+			panic(err)
+		}
+		ms = append(ms, Migration{Version: v, Name: base, SQL: string(body)})
+	}
+	slices.SortFunc(ms, func(a, b Migration) int { return a.Version - b.Version })
+	for i, m := range ms {
+		if m.Version != i+1 {
+			panic(fmt.Sprintf("schema: versions must run 1, 2, 3, ...: %s", m.Name))
+		}
+	}
+	return ms
+}
+
+// Migrations returns the schema files in version order.
+func Migrations() []Migration { return slices.Clone(migrations) }
+
+// Version is the schema version this library applies.
+func Version() int { return migrations[len(migrations)-1].Version }
+
+// lockClass is the first key of the advisory lock Apply takes; the second is
+// a hash of the schema name, so applies to different schemas do not wait on
+// each other.
+// The prelude spells it out: 1885828208 == 0x70677470, "pgtp".
+const lockClass = 0x70677470
+
+// prelude takes the apply lock and points search_path at the target schema
+// (followed by pg_temp, so no temporary object can shadow ours), which
+// SET search_path FROM CURRENT then pins in every function. Empty $1 means
+// the current schema.
+const prelude = `DO $pgtransport$
+BEGIN
+    IF current_schema() IS NULL THEN
+        RAISE EXCEPTION 'pgtransport: no current schema: search_path names no existing schema';
+    END IF;
+    PERFORM pg_advisory_xact_lock(1885828208, hashtext(current_schema()));
+    PERFORM set_config('search_path', quote_ident(current_schema()) || ', pg_temp', true);
+END
+$pgtransport$;
+`
+
+const versionTable = `CREATE TABLE IF NOT EXISTS transport_schema_version (
+    version    INT PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+`
+
+// ValidateName reports whether name can be used as Config.Schema: empty (the
+// connection's current schema), or 1 to 63 bytes of valid UTF-8 without NUL,
+// not starting with "pg_" (reserved by PostgreSQL).
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return nil
+	case len(name) > 63:
+		return fmt.Errorf("%w: %d bytes, the limit is 63", pgtransport.ErrInvalidSchema, len(name))
+	case !utf8.ValidString(name), strings.ContainsRune(name, 0):
+		return fmt.Errorf("%w: not valid UTF-8 text", pgtransport.ErrInvalidSchema)
+	case strings.HasPrefix(strings.ToLower(name), "pg_"):
+		return fmt.Errorf("%w: %q: names starting with pg_ are reserved", pgtransport.ErrInvalidSchema, name)
+	}
+	return nil
+}
+
+// Beginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Apply brings the schema named name (created if absent; empty means the
+// connection's current schema) up to Version. It runs in one transaction
+// under an advisory lock: concurrent calls all succeed, and a call on an
+// up-to-date schema changes nothing.
+func Apply(ctx context.Context, db Beginner, name string) error {
+	return ApplyTo(ctx, db, name, Version())
+}
+
+// ApplyTo is Apply up to version, for upgrade tests.
+func ApplyTo(ctx context.Context, db Beginner, name string, version int) (err error) {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	if version < 1 || version > Version() {
+		return fmt.Errorf("schema: no version %d (this library knows 1 to %d)", version, Version())
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("schema: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			// Roll back even when ctx is done, but never hang on it.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+		}
+	}()
+	if name != "" {
+		ident := pgx.Identifier{name}.Sanitize()
+		// Serialize CREATE SCHEMA too: IF NOT EXISTS still races otherwise.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockClass, name); err != nil {
+			return fmt.Errorf("schema: lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
+			return fmt.Errorf("schema: create schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, ident); err != nil {
+			return fmt.Errorf("schema: search_path: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, prelude); err != nil {
+		return fmt.Errorf("schema: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, versionTable); err != nil {
+		return fmt.Errorf("schema: version table: %w", err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_schema_version`).Scan(&current); err != nil {
+		return fmt.Errorf("schema: read version: %w", err)
+	}
+	for _, m := range migrations {
+		if m.Version <= current || m.Version > version {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("schema: %s: %w", m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO transport_schema_version (version) VALUES ($1)`, m.Version); err != nil {
+			return fmt.Errorf("schema: record %s: %w", m.Name, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("schema: commit: %w", err)
+	}
+	return nil
+}
+
+// CurrentVersion reports the version recorded in the named schema, 0 if none.
+func CurrentVersion(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, name string) (int, error) {
+	table := pgx.Identifier{"transport_schema_version"}
+	if name != "" {
+		table = pgx.Identifier{name, "transport_schema_version"}
+	}
+	var v int
+	err := db.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+table.Sanitize()).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("schema: read version: %w", err)
+	}
+	return v, nil
+}
+
+// SQL returns the complete script, loadable with psql into an empty database
+// or over any earlier version: it creates everything in the current schema
+// (the first existing one on search_path), in one transaction, and records
+// the versions.
+func SQL() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- pgtransport schema, version %d. Generated by `make schema`; do not edit.\n", Version())
+	b.WriteString("-- Creates every object in the current schema (the first existing schema on search_path).\n")
+	b.WriteString("BEGIN;\n")
+	b.WriteString(prelude)
+	b.WriteString(versionTable)
+	for _, m := range migrations {
+		fmt.Fprintf(&b, "\n-- %s\n%s", m.Name, m.SQL)
+	}
+	b.WriteString("\nINSERT INTO transport_schema_version (version) VALUES ")
+	for i, m := range migrations {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "(%d)", m.Version)
+	}
+	b.WriteString("\n    ON CONFLICT (version) DO NOTHING;\nCOMMIT;\n")
+	return b.String()
+}

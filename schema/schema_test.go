@@ -1,0 +1,362 @@
+package schema_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// catalog is a fingerprint of everything Apply creates: each object and the
+// transaction that last wrote its catalog row.
+func catalog(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	var s string
+	err := db.Pool.QueryRow(ctx(t), `
+		SELECT string_agg(x, ',' ORDER BY x) FROM (
+			SELECT 'proc:' || proname || ':' || xmin::text AS x FROM pg_proc WHERE pronamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'rel:' || relname || ':' || xmin::text FROM pg_class WHERE relnamespace = $1::regnamespace
+			UNION ALL
+			SELECT 'trg:' || tgname || ':' || xmin::text FROM pg_trigger WHERE tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = $1::regnamespace)
+			UNION ALL
+			SELECT 'ver:' || version FROM transport_schema_version) s`, db.Schema).Scan(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestApplyTwiceChangesNothing(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	before := catalog(t, db)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	is.Equal(catalog(t, db), before) // no catalog row rewritten
+	tx, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	defer tx.Rollback(ctx(t))
+	v, err := schema.CurrentVersion(ctx(t), tx, db.Schema)
+	is.NoErr(err)
+	is.Equal(v, schema.Version()) // the version is recorded
+}
+
+func TestConcurrentApply(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	target := db.Schema + "_fresh" // does not exist yet: CREATE SCHEMA races too
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{target}.Sanitize()+" CASCADE")
+	})
+	const n = 20
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			conn, err := pgx.Connect(ctx(t), db.DSN) // 20 separate connections
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			<-start
+			errs <- schema.Apply(ctx(t), conn, target)
+		}()
+	}
+	close(start)
+	for range n {
+		is.NoErr(<-errs) // every concurrent Apply succeeds
+	}
+	var versions int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM `+pgx.Identifier{target, "transport_schema_version"}.Sanitize()).Scan(&versions))
+	is.Equal(versions, schema.Version()) // each version applied exactly once
+}
+
+func TestUpgradeFromV1(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.ApplyTo(ctx(t), db.Pool, db.Schema, 1))
+	fixture, err := os.ReadFile("../testdata/v1_state.sql")
+	is.NoErr(err)
+	_, err = db.Pool.Exec(ctx(t), string(fixture))
+	is.NoErr(err) // the v1 fixture loads into a v1 schema
+
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema)) // upgrade in place
+	tx, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	v, err := schema.CurrentVersion(ctx(t), tx, db.Schema)
+	is.NoErr(err)
+	_ = tx.Rollback(ctx(t))
+	is.Equal(v, schema.Version())
+
+	// Everything v1 held is still served, leases and parks included.
+	claim := func(now float64) (group, event string) {
+		t.Helper()
+		err := db.Pool.QueryRow(ctx(t), `SELECT group_id, event FROM harel_claim($1::float8, $1::float8 + 60, 'new:1', 0)`, now).Scan(&group, &event)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", ""
+		}
+		is.NoErr(err)
+		return group, event
+	}
+	g, e := claim(1800000000)
+	is.Equal(g+"/"+e, "free/free-1") // the free group first
+	g, _ = claim(1800000000)
+	is.Equal(g, "") // parked and in-flight groups stay held
+	g, e = claim(1800000060)
+	is.Equal(g+"/"+e, "parked/parked-1") // the park ended
+	g, e = claim(1800000200)
+	is.Equal(g+"/"+e, "free/free-1") // our own lease (to ...060) lapsed first: redelivered
+	g, e = claim(1800000200)
+	is.Equal(g+"/"+e, "inflight/inflight-1") // then v1's lease (to ...100): redelivered
+	var ok bool
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_publish('free', 'free-3', 0) > 0`).Scan(&ok))
+	is.True(ok) // v2 functions work on v1 data
+}
+
+func TestScriptLoadsWithPsql(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Fatal("psql not found: install the PostgreSQL client (apt-get install postgresql-client)")
+	}
+	db := pgtest.New(t, 2)
+	run := func() {
+		t.Helper()
+		cmd := exec.CommandContext(ctx(t), psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db.DSN, "-f", "-")
+		cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+db.Schema)
+		cmd.Stdin = strings.NewReader(schema.SQL())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("psql: %v\n%s", err, out)
+		}
+	}
+	run()
+	run() // loading it again over itself is fine
+	var n int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM transport_schema_version`).Scan(&n))
+	is.Equal(n, schema.Version())
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema)) // Apply sees it as current
+	var seq int64
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_publish('g', 'e', 0)`).Scan(&seq))
+}
+
+func TestInvalidSchemaName(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, 2)
+	for _, name := range []string{"a\x00b", strings.Repeat("x", 64), "pg_evil", "bad\xff"} {
+		is := is.New(t)
+		err := schema.Apply(ctx(t), db.Pool, name)
+		is.True(errors.Is(err, pgtransport.ErrInvalidSchema)) // refused before any SQL runs
+	}
+}
+
+func TestHostileSchemaNameIsQuoted(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	name := db.Schema + `"; DROP SCHEMA public; --`
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+	})
+	is.NoErr(schema.Apply(ctx(t), db.Pool, name))
+	var n int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, name).Scan(&n))
+	is.Equal(n, 1) // the name is a name, not SQL
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM pg_namespace WHERE nspname = 'public'`).Scan(&n))
+	is.Equal(n, 1)
+}
+
+// TestSearchPathPinned plants look-alike tables earlier on the caller's
+// search_path: the functions must still use their own.
+func TestSearchPathPinned(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	evil := db.Schema + "_evil"
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{evil}.Sanitize()+" CASCADE")
+	})
+	_, err := db.Pool.Exec(ctx(t), `CREATE SCHEMA `+pgx.Identifier{evil}.Sanitize())
+	is.NoErr(err)
+	tx, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	defer tx.Rollback(ctx(t))
+	_, err = tx.Exec(ctx(t), `SELECT set_config('search_path', $1, true)`, pgx.Identifier{evil}.Sanitize()+", "+pgx.Identifier{db.Schema}.Sanitize())
+	is.NoErr(err)
+	e := pgx.Identifier{evil}.Sanitize()
+	_, err = tx.Exec(ctx(t), `
+		CREATE TABLE `+e+`.transport_groups (group_id text, locked_by text, lock_expiry float8, priority int);
+		CREATE TABLE `+e+`.transport_messages (seq bigint, group_id text, event text);
+		CREATE TEMP TABLE transport_messages (seq bigint, group_id text, event text);
+		INSERT INTO `+e+`.transport_groups VALUES ('planted', NULL, NULL, 0);
+		INSERT INTO `+e+`.transport_messages VALUES (1, 'planted', 'planted');
+		INSERT INTO pg_temp.transport_messages VALUES (1, 'planted', 'planted')`)
+	is.NoErr(err)
+	fn := pgx.Identifier{db.Schema}.Sanitize()
+	_, err = tx.Exec(ctx(t), `SELECT `+fn+`.harel_publish('real', 'real', 0)`)
+	is.NoErr(err)
+	var group, event string
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT group_id, event FROM `+fn+`.harel_claim(1, 100, 'w:1', 0)`).Scan(&group, &event))
+	is.Equal(group+"/"+event, "real/real") // the planted rows were not read
+	var n int
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT count(*) FROM `+pgx.Identifier{evil, "transport_messages"}.Sanitize()).Scan(&n))
+	is.Equal(n, 1) // nor written
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT count(*) FROM pg_temp.transport_messages`).Scan(&n))
+	is.Equal(n, 1) // nor the temporary look-alike
+}
+
+// TestClaimWalksIndex shows the group pick walks the round-robin index, with
+// no Sort, at 100k groups: the plan of the statement inside harel_claim, as
+// auto_explain reports it.
+func TestClaimWalksIndex(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	_, err := db.Pool.Exec(ctx(t), `
+		INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+		SELECT 'g' || i, CASE WHEN i % 3 = 0 THEN 'w:x' END, CASE WHEN i % 3 = 0 THEN 1e10 WHEN i % 3 = 1 THEN i END, i % 5
+		  FROM generate_series(1, 100000) AS i;
+		INSERT INTO transport_messages (group_id, event) SELECT 'g' || i, 'e' FROM generate_series(1, 100000) AS i;
+		ANALYZE transport_groups; ANALYZE transport_messages`)
+	is.NoErr(err)
+
+	var plans []string
+	cfg, err := pgx.ParseConfig(db.DSN)
+	is.NoErr(err)
+	cfg.RuntimeParams["search_path"] = db.Schema
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { plans = append(plans, n.Message) }
+	c, err := pgx.ConnectConfig(ctx(t), cfg)
+	is.NoErr(err)
+	defer c.Close(context.Background())
+	_, err = c.Exec(ctx(t), `LOAD 'auto_explain'`)
+	if err != nil {
+		t.Fatalf("auto_explain (PostgreSQL contrib) is needed to see the plan inside harel_claim: %v", err)
+	}
+	_, err = c.Exec(ctx(t), `SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
+		SET auto_explain.log_level = notice; SET client_min_messages = notice`)
+	is.NoErr(err)
+	for range 3 { // past any first-call planning
+		rows, err := c.Query(ctx(t), `SELECT * FROM harel_claim(1e9, 1e9 + 60, 'w:probe', 0)`)
+		is.NoErr(err)
+		rows.Close()
+		is.NoErr(rows.Err())
+	}
+	var pick string
+	for _, p := range plans {
+		if strings.Contains(p, "UPDATE transport_groups") && strings.Contains(p, "SKIP LOCKED") {
+			pick = p
+		}
+	}
+	if pick == "" {
+		t.Fatalf("no plan for the group pick among %d notices:\n%s", len(plans), strings.Join(plans, "\n---\n"))
+	}
+	is.True(!strings.Contains(pick, "Sort"))                        // no Sort of the groups table
+	is.True(strings.Contains(pick, "transport_groups_round_robin")) // it walks the round-robin index
+}
+
+// TestParallelClaimsDoNotWait holds N claim transactions open at once, each
+// on its own connection: every one must return a different group without
+// waiting on the others' row locks.
+func TestParallelClaimsDoNotWait(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	const n = 8
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	_, err := db.Pool.Exec(ctx(t), `SELECT harel_publish('g' || i, 'e', 0) FROM generate_series(1, 20) AS i`)
+	is.NoErr(err)
+	seen := map[string]bool{}
+	var txs []pgx.Tx
+	for i := range n {
+		conn, err := pgx.Connect(ctx(t), db.DSN)
+		is.NoErr(err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		tx, err := conn.Begin(ctx(t))
+		is.NoErr(err)
+		txs = append(txs, tx)
+		_, err = tx.Exec(ctx(t), `SET LOCAL lock_timeout = '2s'`) // a waiting claim would fail, not hang
+		is.NoErr(err)
+		_, err = tx.Exec(ctx(t), `SELECT set_config('search_path', $1, true)`, db.Schema)
+		is.NoErr(err)
+		var group string
+		start := time.Now()
+		is.NoErr(tx.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1, 100, $1, 0)`, "w:"+string(rune('a'+i))).Scan(&group))
+		is.True(time.Since(start) < time.Second) // no claim waited on another's lock
+		is.True(!seen[group])                    // each leased a different group
+		seen[group] = true
+	}
+	for _, tx := range txs {
+		is.NoErr(tx.Commit(ctx(t)))
+	}
+	var leased int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`).Scan(&leased))
+	is.Equal(leased, n)
+}
+
+// TestPlainSQLPublishRacesDrain publishes exactly as the design writes it
+// (two plain statements in one transaction, as a client in another language
+// would) while harel_ack drains the group: the message must never be left
+// without a group row.
+func TestPlainSQLPublishRacesDrain(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	const rounds = 2000
+	for r := range rounds {
+		group := "g" + strconv.Itoa(r)
+		_, err := db.Pool.Exec(ctx(t), `SELECT harel_publish($1, 'm1', 0)`, group)
+		is.NoErr(err)
+		var seq int64
+		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1, 100, 'w:1', 0)`).Scan(&seq))
+		done := make(chan error, 1)
+		go func() {
+			done <- pgx.BeginFunc(ctx(t), db.Pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx(t), `INSERT INTO transport_messages (group_id, event) VALUES ($1, 'm2')`, group); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority) VALUES ($1, NULL, NULL, 0) ON CONFLICT (group_id) DO NOTHING`, group)
+				return err
+			})
+		}()
+		var held bool
+		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w:1', 2)`, group, seq).Scan(&held))
+		is.True(held)
+		is.NoErr(<-done)
+		var event string
+		err = db.Pool.QueryRow(ctx(t), `SELECT seq, event FROM harel_claim(3, 100, 'w:1', 0)`).Scan(&seq, &event)
+		if err != nil {
+			t.Fatalf("round %d: the plain-SQL publish was stranded: %v", r, err)
+		}
+		is.Equal(event, "m2")
+		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w:1', 4)`, group, seq).Scan(&held))
+	}
+}

@@ -1,0 +1,279 @@
+package sync_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) contract.Transport {
+	t.Helper()
+	tr, err := pgsync.New(context.Background(), db, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return tr
+}
+
+func TestContract(t *testing.T) { contract.Run(t, open) }
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestPublishTx(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema})
+	is.NoErr(err)
+
+	tx, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	_, err = tr.PublishTx(ctx(t), tx, "g", "rolled back", 0)
+	is.NoErr(err)
+	is.NoErr(tx.Rollback(ctx(t)))
+	l, err := tr.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l, nil) // a rolled-back publish is gone
+
+	tx, err = db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	_, err = tr.PublishTx(ctx(t), tx, "g", "committed", 0)
+	is.NoErr(err)
+	l, err = tr.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l, nil) // invisible before commit
+	is.NoErr(tx.Commit(ctx(t)))
+	l, err = tr.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l.Event, "committed") // visible after commit
+
+	_, err = tr.PublishTx(ctx(t), nil, "g", "x", 0)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // nil tx
+}
+
+// TestPublishDuringDrain forces the lost-publish interleaving every round: a
+// publish whose transaction is still open while the ack drains its group.
+// The design's publish (ON CONFLICT DO NOTHING alone) strands the message
+// here; the fixed one must not.
+func TestPublishDuringDrain(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema})
+	is.NoErr(err)
+	const rounds = 1000
+	for r := range rounds {
+		_, err := tr.Publish(ctx(t), "g", "m1", 0)
+		is.NoErr(err)
+		l, err := tr.Claim(ctx(t), "w", time.Minute, 0)
+		is.NoErr(err)
+		tx, err := db.Pool.Begin(ctx(t))
+		is.NoErr(err)
+		_, err = tr.PublishTx(ctx(t), tx, "g", "m2", 0)
+		is.NoErr(err)
+		is.NoErr(tr.Ack(ctx(t), l)) // drains g as far as committed data shows; must not block on the open publish
+		is.NoErr(tx.Commit(ctx(t)))
+		l2, err := tr.Claim(ctx(t), "w", time.Minute, 0)
+		is.NoErr(err)
+		if l2 == nil || l2.Event != "m2" {
+			t.Fatalf("round %d: the racing publish was stranded: claim returned %+v", r, l2)
+		}
+		is.NoErr(tr.Ack(ctx(t), l2))
+	}
+}
+
+func TestDefaultSchemaUsesCurrentSchema(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4) // the pool's search_path is the test schema
+	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{})
+	is.NoErr(err)
+	_, err = tr.Publish(ctx(t), "g", "e", 0)
+	is.NoErr(err)
+	var n int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM `+pgx.Identifier{db.Schema, "transport_messages"}.Sanitize()).Scan(&n))
+	is.Equal(n, 1) // the unqualified names landed in the current schema
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, 2)
+	for _, tc := range []struct {
+		name string
+		cfg  pgtransport.Config
+		want error
+	}{
+		{"schema with NUL", pgtransport.Config{Schema: "a\x00"}, pgtransport.ErrInvalidSchema},
+		{"schema too long", pgtransport.Config{Schema: string(make([]byte, 64))}, pgtransport.ErrInvalidSchema},
+		{"reserved schema", pgtransport.Config{Schema: "pg_mine"}, pgtransport.ErrInvalidSchema},
+		{"negative event limit", pgtransport.Config{MaxEventBytes: -1}, pgtransport.ErrInvalidConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			_, err := pgsync.New(ctx(t), db.Pool, tc.cfg)
+			is.True(errors.Is(err, tc.want)) // typed config error
+		})
+	}
+	t.Run("skip apply on an empty schema", func(t *testing.T) {
+		is := is.New(t)
+		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, SkipApply: true})
+		is.NoErr(err)
+		_, err = tr.Publish(ctx(t), "g", "e", 0)
+		is.True(errors.Is(err, pgtransport.ErrSchemaMissing)) // nothing was applied, and the error says so
+	})
+	t.Run("event limit", func(t *testing.T) {
+		is := is.New(t)
+		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, MaxEventBytes: 4})
+		is.NoErr(err)
+		_, err = tr.Publish(ctx(t), "g", "12345", 0)
+		is.True(errors.Is(err, pgtransport.ErrEventTooLarge))
+		_, err = tr.Publish(ctx(t), "g", "1234", 0)
+		is.NoErr(err) // exactly the limit is fine
+	})
+}
+
+// lateProxy listens on a free port, accepts nothing until open is closed,
+// then forwards every connection to target.
+func lateProxy(t *testing.T, target string) (addr string, open chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = l.Addr().String()
+	l.Close() // nothing listens: connections are refused, as before a server starts
+	open = make(chan struct{})
+	done := make(chan struct{})
+	t.Cleanup(func() { <-done })
+	go func() {
+		defer close(done)
+		select {
+		case <-open:
+		case <-t.Context().Done():
+			return
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("proxy listen: %v", err)
+			return
+		}
+		stop := context.AfterFunc(t.Context(), func() { l.Close() })
+		defer stop()
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			conns = append(conns, c, up)
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+	return addr, open
+}
+
+func TestFromDSNWaitsForLateServer(t *testing.T) {
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	u, err := url.Parse(pgtestURL(t, db.DSN))
+	is.NoErr(err)
+	addr, openProxy := lateProxy(t, u.Host)
+	u.Host = addr
+
+	time.AfterFunc(700*time.Millisecond, func() { close(openProxy) })
+	start := time.Now()
+	tr, err := pgsync.FromDSN(ctx(t), u.String(), pgtransport.Config{Schema: db.Schema, MaxConnectWait: 30 * time.Second})
+	is.NoErr(err) // connected once the server accepted
+	defer tr.Close()
+	is.True(time.Since(start) >= 700*time.Millisecond) // it waited rather than failing fast
+	_, err = tr.Publish(ctx(t), "g", "e", 0)
+	is.NoErr(err)
+	l, err := tr.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l.Event, "e")
+	tr.Close()
+	tr.Close() // safe twice
+}
+
+func TestFromDSNGivesUp(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=disable&connect_timeout=1"
+	l.Close()
+
+	t.Run("when ctx ends", func(t *testing.T) {
+		is := is.New(t)
+		c, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+		defer cancel()
+		_, err := pgsync.FromDSN(c, dead, pgtransport.Config{})
+		is.True(errors.Is(err, context.DeadlineExceeded)) // says why it stopped
+		var connErr *pgconn.ConnectError
+		is.True(errors.As(err, &connErr)) // and wraps the last connection error
+	})
+	t.Run("after MaxConnectWait", func(t *testing.T) {
+		is := is.New(t)
+		_, err := pgsync.FromDSN(ctx(t), dead, pgtransport.Config{MaxConnectWait: 300 * time.Millisecond})
+		is.True(errors.Is(err, context.DeadlineExceeded))
+		var connErr *pgconn.ConnectError
+		is.True(errors.As(err, &connErr))
+	})
+	t.Run("malformed dsn fails at once", func(t *testing.T) {
+		is := is.New(t)
+		_, err := pgsync.FromDSN(ctx(t), "postgres://%zz", pgtransport.Config{})
+		is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	})
+}
+
+// pgtestURL turns the harness's DSN into a URL with a TCP host.
+func pgtestURL(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Host == "" || cfg.Host[0] == '/' {
+		t.Fatalf("FromDSN test needs a TCP server, have %q", cfg.Host)
+	}
+	u := url.URL{Scheme: "postgres", User: url.User(cfg.User), Host: net.JoinHostPort(cfg.Host, itoa(cfg.Port)), Path: "/" + cfg.Database, RawQuery: "sslmode=disable"}
+	if cfg.Password != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Password)
+	}
+	return u.String()
+}
+
+func itoa(p uint16) string { return strconv.Itoa(int(p)) }
