@@ -277,3 +277,32 @@ func pgtestURL(t *testing.T, dsn string) string {
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// TestSchemasAreIsolated runs two transports in two schemas of one database,
+// one on a pool and one on a single *pgx.Conn: neither sees the other's
+// messages.
+func TestSchemasAreIsolated(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	a, b := pgtest.New(t, 2), pgtest.New(t, 2)
+	ta, err := pgsync.New(ctx(t), a.Pool, pgtransport.Config{Schema: a.Schema})
+	is.NoErr(err)
+	tb, err := pgsync.New(ctx(t), b.Conn(t), pgtransport.Config{Schema: b.Schema}) // a single connection works too
+	is.NoErr(err)
+	_, err = ta.Publish(ctx(t), "shared-group", "for a", 0)
+	is.NoErr(err)
+	l, err := tb.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l, nil) // b sees nothing of a's
+	_, err = tb.Publish(ctx(t), "shared-group", "for b", 0)
+	is.NoErr(err)
+	la, err := ta.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	lb, err := tb.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(la.Event, "for a") // the same group id is a different group in each schema
+	is.Equal(lb.Event, "for b")
+	is.True(errors.Is(tb.Ack(ctx(t), la), pgtransport.ErrLeaseLost)) // a's lease means nothing in b
+	is.NoErr(ta.Ack(ctx(t), la))
+	is.NoErr(tb.Ack(ctx(t), lb))
+}
