@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	stdsync "sync"
 	"testing"
 	"time"
 
@@ -180,11 +181,15 @@ func lateProxy(t *testing.T, target string) (addr string, open chan struct{}) {
 		}
 		stop := context.AfterFunc(t.Context(), func() { l.Close() })
 		defer stop()
-		var conns []net.Conn
+		var (
+			conns  []net.Conn
+			copies stdsync.WaitGroup
+		)
 		defer func() {
 			for _, c := range conns {
-				c.Close()
+				c.Close() // ends the copies
 			}
+			copies.Wait()
 		}()
 		for {
 			c, err := l.Accept()
@@ -197,8 +202,8 @@ func lateProxy(t *testing.T, target string) (addr string, open chan struct{}) {
 				continue
 			}
 			conns = append(conns, c, up)
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
+			copies.Go(func() { _, _ = io.Copy(up, c); up.Close() })
+			copies.Go(func() { _, _ = io.Copy(c, up); c.Close() })
 		}
 	}()
 	return addr, open
