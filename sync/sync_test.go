@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
@@ -310,4 +311,31 @@ func TestSchemasAreIsolated(t *testing.T) {
 	is.True(errors.Is(tb.Ack(ctx(t), la), pgtransport.ErrLeaseLost)) // a's lease means nothing in b
 	is.NoErr(ta.Ack(ctx(t), la))
 	is.NoErr(tb.Ack(ctx(t), lb))
+}
+
+// TestServerGone: with no server behind the pool, every call returns an
+// error, never a nil lease that a worker would read as "nothing to do".
+func TestServerGone(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	is.NoErr(err)
+	dead := "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=disable&connect_timeout=1"
+	l.Close()
+	pool, err := pgxpool.New(ctx(t), dead) // connects lazily: no error yet
+	is.NoErr(err)
+	defer pool.Close()
+
+	_, err = pgsync.New(ctx(t), pool, pgtransport.Config{})
+	is.True(err != nil) // applying the schema needs the server
+
+	tr, err := pgsync.New(ctx(t), pool, pgtransport.Config{SkipApply: true})
+	is.NoErr(err)
+	lease, err := tr.Claim(ctx(t), "w", time.Minute, 0)
+	is.True(err != nil) // an error, not "nothing claimable"
+	is.Equal(lease, nil)
+	_, err = tr.Publish(ctx(t), "g", "e", 0)
+	is.True(err != nil)
+	err = tr.Ack(ctx(t), &pgtransport.Lease{Group: "g", Seq: 1, Token: "w:x"})
+	is.True(err != nil && !errors.Is(err, pgtransport.ErrLeaseLost)) // unknown, not "lost"
 }
