@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,6 +133,9 @@ func Apply(ctx context.Context, db Beginner, name string) error {
 func ApplyTo(ctx context.Context, db Beginner, name string, version int) (err error) {
 	if err := ValidateName(name); err != nil {
 		return err
+	}
+	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("schema: %w: nil database handle", pgtransport.ErrInvalidConfig)
 	}
 	if version < 1 || version > Version() {
 		return fmt.Errorf("schema: no version %d (this library knows 1 to %d)", version, Version())

@@ -176,6 +176,13 @@ func TestInvalidSchemaName(t *testing.T) {
 	}
 }
 
+func TestApplyNilHandle(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	is.True(errors.Is(schema.Apply(ctx(t), nil, "x"), pgtransport.ErrInvalidConfig))
+	is.True(errors.Is(schema.Apply(ctx(t), (*pgx.Conn)(nil), "x"), pgtransport.ErrInvalidConfig)) // typed nil too
+}
+
 func TestHostileSchemaNameIsQuoted(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)

@@ -137,6 +137,13 @@ func TestConfigErrors(t *testing.T) {
 			is.True(errors.Is(err, tc.want)) // typed config error
 		})
 	}
+	t.Run("nil pool", func(t *testing.T) {
+		is := is.New(t)
+		_, err := pgsync.New(ctx(t), (*pgxpool.Pool)(nil), pgtransport.Config{})
+		is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // an error, not a panic
+		_, err = pgsync.New(ctx(t), nil, pgtransport.Config{SkipApply: true})
+		is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	})
 	t.Run("skip apply on an empty schema", func(t *testing.T) {
 		is := is.New(t)
 		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, SkipApply: true})

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,7 +46,7 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	if err != nil {
 		return nil, err
 	}
-	if db == nil {
+	if isNil(db) {
 		return nil, fmt.Errorf("%w: nil database handle", pgtransport.ErrInvalidConfig)
 	}
 	if !cfg.SkipApply {
@@ -183,6 +184,16 @@ func mapErr(op string, err error) error {
 		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// isNil reports whether db is nil, or an interface holding a nil pointer
+// (a nil *pgxpool.Pool), which would otherwise panic on first use.
+func isNil(db any) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // newUUID returns a random (version 4) UUID.
