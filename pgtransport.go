@@ -26,6 +26,8 @@ const (
 	DefaultMaxEventBytes = 1 << 20
 	// DefaultMaxConnectWait is how long FromDSN retries when Config.MaxConnectWait is 0.
 	DefaultMaxConnectWait = time.Minute
+	// DefaultIdleSweep is Config.IdleSweep's value when it is 0.
+	DefaultIdleSweep = time.Second
 )
 
 // Errors, checked with errors.Is. Input errors are returned before anything
@@ -102,4 +104,19 @@ type Config struct {
 	// MaxConnectWait bounds how long FromDSN retries a database that is not
 	// accepting connections yet. 0 means DefaultMaxConnectWait.
 	MaxConnectWait time.Duration
+
+	// DisableNotify turns LISTEN/NOTIFY off for the async transport's
+	// consumers: they neither listen nor ask publishers to notify them, and
+	// look for work every IdleSweep when idle. Publishers never notify on
+	// their own account; only idle, listening consumers make them (see
+	// schema/sql/003_wakeups.sql), so a system whose consumers all set this
+	// sends no notification at all.
+	DisableNotify bool
+
+	// IdleSweep bounds how long an idle async consumer sleeps without
+	// looking for work: the fallback for work no notification announces (a
+	// group freed with messages left by another process, a park set by
+	// another process while the consumer slept, a notification lost while
+	// the listener reconnected). 0 means DefaultIdleSweep.
+	IdleSweep time.Duration
 }

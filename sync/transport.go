@@ -2,11 +2,9 @@ package sync
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,41 +40,10 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Transport, erro
 // the reason it stopped and the last connection error. A malformed dsn fails
 // at once.
 func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
-	cfg, err := core.Defaults(cfg)
+	t, pool, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
+		return New(ctx, pool, cfg)
+	})
 	if err != nil {
-		return nil, err
-	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("%w: dsn: %w", pgtransport.ErrInvalidConfig, err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, cfg.MaxConnectWait)
-	defer cancel()
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 50 * time.Millisecond
-	b.MaxInterval = 2 * time.Second
-	b.MaxElapsedTime = 0 // wctx bounds it
-	var last error
-	err = backoff.Retry(func() error {
-		actx, cancel := context.WithTimeout(wctx, 5*time.Second)
-		defer cancel()
-		last = pool.Ping(actx)
-		return last
-	}, backoff.WithContext(b, wctx))
-	if err != nil {
-		pool.Close()
-		if last != nil && !errors.Is(err, last) {
-			return nil, fmt.Errorf("connect: gave up: %w (last error: %w)", err, last)
-		}
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	t, err := New(ctx, pool, cfg)
-	if err != nil {
-		pool.Close()
 		return nil, err
 	}
 	t.owned = pool

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -80,4 +81,9 @@ func checkLease(l *pgtransport.Lease) error {
 		return fmt.Errorf("%w: lease has no valid token", pgtransport.ErrLeaseLost)
 	}
 	return nil
+}
+
+// CheckClaim checks a claim's arguments.
+func CheckClaim(workerID string, visibility time.Duration, minPriority int) error {
+	return cmp.Or(checkWorkerID(workerID), checkVisibility(visibility), checkPriority(minPriority))
 }

@@ -62,11 +62,12 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if err := schema.ValidateName(cfg.Schema); err != nil {
 		return cfg, err
 	}
-	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 {
-		return cfg, fmt.Errorf("%w: MaxEventBytes and MaxConnectWait must not be negative", pgtransport.ErrInvalidConfig)
+	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 || cfg.IdleSweep < 0 {
+		return cfg, fmt.Errorf("%w: MaxEventBytes, MaxConnectWait and IdleSweep must not be negative", pgtransport.ErrInvalidConfig)
 	}
 	cfg.MaxEventBytes = cmp.Or(cfg.MaxEventBytes, pgtransport.DefaultMaxEventBytes)
 	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
+	cfg.IdleSweep = cmp.Or(cfg.IdleSweep, pgtransport.DefaultIdleSweep)
 	return cfg, nil
 }
 
@@ -108,13 +109,13 @@ func (c *Core) Publish(ctx context.Context, db DBTX, group, event string, priori
 // Claim leases the next claimable group at or above minPriority and returns
 // its head, or nil when nothing is claimable.
 func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
-	if err := cmp.Or(checkWorkerID(workerID), checkVisibility(visibility), checkPriority(minPriority)); err != nil {
+	if err := CheckClaim(workerID, visibility, minPriority); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	token := workerID + ":" + newUUID()
+	token := NewToken(workerID)
 	var (
 		l      = pgtransport.Lease{Token: token}
 		expiry float64
@@ -154,6 +155,47 @@ func (c *Core) Extend(ctx context.Context, l *pgtransport.Lease, visibility time
 	}
 	return c.fenced(ctx, "extend", c.q.extend, l.Group, l.Token, visibility.Seconds())
 }
+
+// Wait records waiter (unless "") as idle, wanting a notification for any
+// new group at or above minPriority, for ttl, and returns how long from now until the
+// earliest lease or park among such groups runs out (ok false: none does).
+func (c *Core) Wait(ctx context.Context, waiter string, minPriority int, ttl time.Duration) (next time.Duration, ok bool, err error) {
+	var (
+		now    float64
+		expiry *float64
+		who    *string
+	)
+	if waiter != "" {
+		who = &waiter
+	}
+	if err := c.db.QueryRow(ctx, c.q.wait, c.now(), who, minPriority, ttl.Seconds()).Scan(&now, &expiry); err != nil {
+		return 0, false, mapErr("wait", err)
+	}
+	if expiry == nil {
+		return 0, false, nil
+	}
+	return time.Duration((*expiry - now) * float64(time.Second)), true, nil
+}
+
+// Unwait withdraws waiter's wish to be notified.
+func (c *Core) Unwait(ctx context.Context, waiter string) error {
+	if _, err := c.db.Exec(ctx, c.q.unwait, waiter); err != nil {
+		return mapErr("unwait", err)
+	}
+	return nil
+}
+
+// Channel returns the NOTIFY channel of the schema's queue.
+func (c *Core) Channel(ctx context.Context) (string, error) {
+	var ch string
+	if err := c.db.QueryRow(ctx, c.q.channel).Scan(&ch); err != nil {
+		return "", mapErr("channel", err)
+	}
+	return ch, nil
+}
+
+// NewToken returns a fresh lease token for workerID.
+func NewToken(workerID string) string { return workerID + ":" + newUUID() }
 
 // fenced runs a statement that answers whether the token still held its
 // group: false is ErrLeaseLost.

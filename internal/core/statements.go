@@ -24,11 +24,22 @@ const (
 	nackSQL = `SELECT {s}harel_nack($2::text, $3::text, ` + nowExpr + `, $4::float8)`
 
 	extendSQL = `SELECT {s}harel_extend($2::text, $3::text, ` + nowExpr + ` + $4::float8)`
+
+	// waitSQL returns now and the earliest lock_expiry after it, both by
+	// the clock the claims use, so the caller times its sleep as a
+	// difference and never compares its own clock with the server's.
+	waitSQL = `SELECT t.now, {s}harel_wait($2::text, $3::int, $4::float8, t.now)
+  FROM (SELECT ` + nowExpr + ` AS now) AS t`
+
+	unwaitSQL = `SELECT {s}harel_unwait($1::text)`
+
+	channelSQL = `SELECT {s}harel_channel()`
 )
 
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	publish, claim, ack, nack, extend string
+	wait, unwait, channel             string
 }
 
 func newStatements(schema string) statements {
@@ -43,5 +54,8 @@ func newStatements(schema string) statements {
 		ack:     bind(ackSQL),
 		nack:    bind(nackSQL),
 		extend:  bind(extendSQL),
+		wait:    bind(waitSQL),
+		unwait:  bind(unwaitSQL),
+		channel: bind(channelSQL),
 	}
 }

@@ -1,0 +1,371 @@
+package async_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+func TestMain(m *testing.M) {
+	pgtest.MainNoLeaks(m,
+		"github.com/pgtransport/pgtransport/async",
+		"github.com/pgtransport/pgtransport/notify",
+		"github.com/jackc/pgxlisten")
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// blocking adapts the async Transport to the blocking contract by waiting
+// on each call's channel.
+type blocking struct{ t *async.Transport }
+
+func (b blocking) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
+	r := <-b.t.Publish(ctx, group, event, priority)
+	return r.Value, r.Err
+}
+
+func (b blocking) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	r := <-b.t.Claim(ctx, workerID, visibility, minPriority)
+	return r.Value, r.Err
+}
+
+func (b blocking) Ack(ctx context.Context, l *pgtransport.Lease) error { return <-b.t.Ack(ctx, l) }
+
+func (b blocking) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Duration) error {
+	return <-b.t.Nack(ctx, l, delay)
+}
+
+func (b blocking) Extend(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) error {
+	return <-b.t.Extend(ctx, l, visibility)
+}
+
+func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) *async.Transport {
+	t.Helper()
+	tr, err := async.New(context.Background(), db.(*pgxpool.Pool), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(tr.Close)
+	return tr
+}
+
+func TestContract(t *testing.T) {
+	contract.Run(t, func(t *testing.T, db core.DBTX, cfg pgtransport.Config) contract.Transport {
+		return blocking{open(t, db, cfg)}
+	})
+}
+
+// TestMirrorsSync: every method of the blocking Transport exists on the
+// async one with the same name and arguments; its results come instead on a
+// channel: (T, error) as <-chan Result[T], error as <-chan error.
+func TestMirrorsSync(t *testing.T) {
+	is := is.New(t)
+	st := reflect.TypeFor[*pgsync.Transport]()
+	at := reflect.TypeFor[*async.Transport]()
+	errType := reflect.TypeFor[error]()
+	extra := map[string]bool{"Stream": true} // async only
+	for i := range st.NumMethod() {
+		sm := st.Method(i)
+		am, ok := at.MethodByName(sm.Name)
+		if !ok {
+			t.Errorf("async.Transport lacks %s", sm.Name)
+			continue
+		}
+		is.Equal(am.Type.NumIn(), sm.Type.NumIn()) // same arguments
+		for j := 1; j < sm.Type.NumIn(); j++ {
+			is.Equal(am.Type.In(j), sm.Type.In(j)) // same argument types
+		}
+		var want []reflect.Type
+		switch sm.Type.NumOut() {
+		case 0: // Close
+		case 1:
+			is.Equal(sm.Type.Out(0), errType)
+			want = []reflect.Type{reflect.TypeFor[<-chan error]()}
+		case 2:
+			is.Equal(sm.Type.Out(1), errType)
+			r, ok := resultType(sm.Type.Out(0))
+			if !ok {
+				t.Fatalf("no async.Result for %v", sm.Type.Out(0))
+			}
+			want = []reflect.Type{reflect.ChanOf(reflect.RecvDir, r)}
+		}
+		is.Equal(am.Type.NumOut(), len(want))
+		for j, w := range want {
+			if am.Type.Out(j) != w {
+				t.Errorf("%s returns %v, want %v", sm.Name, am.Type.Out(j), w)
+			}
+		}
+	}
+	for i := range at.NumMethod() {
+		if name := at.Method(i).Name; !extra[name] {
+			_, ok := st.MethodByName(name)
+			is.True(ok) // no async-only method besides the listed extras
+		}
+	}
+}
+
+func resultType(v reflect.Type) (reflect.Type, bool) {
+	switch v {
+	case reflect.TypeFor[int64]():
+		return reflect.TypeFor[async.Result[int64]](), true
+	case reflect.TypeFor[*pgtransport.Lease]():
+		return reflect.TypeFor[async.Result[*pgtransport.Lease]](), true
+	}
+	return nil, false
+}
+
+// setup returns an async transport on a fresh schema with cfg (Schema
+// filled in), a blocking one beside it, and the schema's handle.
+func setup(t *testing.T, cfg pgtransport.Config) (*async.Transport, *pgsync.Transport, *pgtest.DB) {
+	t.Helper()
+	db := pgtest.New(t, 16)
+	cfg.Schema = db.Schema
+	tr := open(t, db.Pool, cfg)
+	st, err := pgsync.New(ctx(t), db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, st, db
+}
+
+func stream(t *testing.T, tr *async.Transport, cfg async.StreamConfig) *async.Stream {
+	t.Helper()
+	cfg.WorkerID = "w"
+	if cfg.Visibility == 0 {
+		cfg.Visibility = time.Minute
+	}
+	s, err := tr.Stream(ctx(t), cfg)
+	if err != nil {
+		t.Fatalf("Stream: %v", err)
+	}
+	t.Cleanup(s.Close)
+	select {
+	case <-s.Ready():
+	case <-time.After(time.Minute):
+		t.Fatal("stream never ready")
+	}
+	return s
+}
+
+func receive(t *testing.T, s *async.Stream, within time.Duration) *pgtransport.Lease {
+	t.Helper()
+	select {
+	case l, ok := <-s.C():
+		if !ok {
+			t.Fatalf("stream closed: %v", s.Err())
+		}
+		return l
+	case <-time.After(within):
+		t.Fatalf("no lease within %v", within)
+		return nil
+	}
+}
+
+func count(t *testing.T, db *pgtest.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(ctx(t), query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// TestStreamDrains: a stream holding up to 8 leases drains 40 groups, each
+// in publish order, while its receiver acks from many goroutines.
+func TestStreamDrains(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, db := setup(t, pgtransport.Config{})
+	const groups, per = 40, 10
+	for i := range per {
+		for g := range groups {
+			r := <-tr.Publish(ctx(t), fmt.Sprint("g", g), fmt.Sprint(i), 0)
+			is.NoErr(r.Err)
+		}
+	}
+	s := stream(t, tr, async.StreamConfig{MaxInFlight: 8})
+	var (
+		mu   stdsync.Mutex
+		next = map[string]int{}
+		wg   stdsync.WaitGroup
+	)
+	for range groups * per {
+		l := receive(t, s, time.Minute)
+		mu.Lock()
+		if want := fmt.Sprint(next[l.Group]); l.Event != want {
+			t.Errorf("group %s: got event %s, want %s", l.Group, l.Event, want)
+		}
+		next[l.Group]++
+		mu.Unlock()
+		wg.Go(func() { is.NoErr(<-tr.Ack(ctx(t), l)) })
+	}
+	wg.Wait()
+	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
+	is.Equal(count(t, db, `SELECT count(*) FROM transport_groups`), 0)
+}
+
+// TestBackPressure: the stream never holds more than MaxInFlight leases,
+// counting the one waiting to be received, and claims again as they settle.
+func TestBackPressure(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, db := setup(t, pgtransport.Config{})
+	for g := range 10 {
+		is.NoErr((<-tr.Publish(ctx(t), fmt.Sprint("g", g), "e", 0)).Err)
+	}
+	s := stream(t, tr, async.StreamConfig{MaxInFlight: 3})
+	held := []*pgtransport.Lease{receive(t, s, time.Minute), receive(t, s, time.Minute)}
+	locked := func() int { return count(t, db, `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`) }
+	// The third is claimed and waits to be received; no fourth is claimed.
+	for locked() < 3 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // room for a wrong fourth claim
+	is.Equal(locked(), 3)
+	held = append(held, receive(t, s, time.Minute))
+	time.Sleep(200 * time.Millisecond)
+	is.Equal(locked(), 3) // three received, none settled: nothing more
+	is.NoErr(<-tr.Ack(ctx(t), held[0]))
+	is.True(receive(t, s, time.Minute) != nil) // a settled lease frees a slot
+}
+
+// TestCloseGivesBack: closing a stream hands back the lease it claimed but
+// never delivered, at once, and closes the channel.
+func TestCloseGivesBack(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, st, db := setup(t, pgtransport.Config{})
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
+	s := stream(t, tr, async.StreamConfig{})
+	for count(t, db, `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`) == 0 {
+		time.Sleep(5 * time.Millisecond) // the stream has claimed, nobody receives
+	}
+	s.Close()
+	s.Close() // twice is fine
+	_, ok := <-s.C()
+	is.True(!ok) // closed by its sender
+	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))
+	l, err := st.Claim(ctx(t), "other", time.Minute, 0)
+	is.NoErr(err)
+	is.True(l != nil) // claimable now, not after a minute's visibility
+	is.Equal(l.Event, "e")
+	is.Equal(count(t, db, `SELECT count(*) FROM transport_waiters`), 0) // the stream withdrew its waiter row
+}
+
+// TestUnreceivedLeaseIsGivenBack: a lease nobody receives is handed back
+// before its visibility can run out, and never lapses in the stream.
+func TestUnreceivedLeaseIsGivenBack(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, db := setup(t, pgtransport.Config{})
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
+	s := stream(t, tr, async.StreamConfig{Visibility: 400 * time.Millisecond})
+	seen := map[string]bool{}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		var token string
+		var lapsed bool
+		err := db.Pool.QueryRow(ctx(t), `SELECT COALESCE(locked_by, ''), COALESCE(lock_expiry < extract(epoch FROM clock_timestamp()), false) FROM transport_groups`).Scan(&token, &lapsed)
+		is.NoErr(err)
+		is.True(!(token != "" && lapsed)) // never a lease past its expiry
+		if token != "" {
+			seen[token] = true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	is.True(len(seen) >= 2)                         // given back and claimed afresh, not held on
+	is.Equal(receive(t, s, time.Minute).Event, "e") // and still there for the receiver
+}
+
+// TestCancel: ctx's end stops the stream, and Err says so.
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, _ := setup(t, pgtransport.Config{})
+	c, cancel := context.WithCancel(context.Background())
+	s, err := tr.Stream(c, async.StreamConfig{WorkerID: "w", Visibility: time.Minute})
+	is.NoErr(err)
+	cancel()
+	for range s.C() {
+	}
+	is.True(errors.Is(s.Err(), context.Canceled))
+}
+
+// TestClosed: after Close every call delivers ErrClosed and writes nothing.
+func TestClosed(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, db := setup(t, pgtransport.Config{})
+	s := stream(t, tr, async.StreamConfig{})
+	tr.Close()
+	tr.Close() // twice is fine
+	_, ok := <-s.C()
+	is.True(!ok)
+	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))
+	is.True(errors.Is((<-tr.Publish(ctx(t), "g", "e", 0)).Err, pgtransport.ErrClosed))
+	is.True(errors.Is((<-tr.Claim(ctx(t), "w", time.Minute, 0)).Err, pgtransport.ErrClosed))
+	is.True(errors.Is(<-tr.Ack(ctx(t), &pgtransport.Lease{Group: "g", Token: "t"}), pgtransport.ErrClosed))
+	_, err := tr.Stream(ctx(t), async.StreamConfig{WorkerID: "w", Visibility: time.Minute})
+	is.True(errors.Is(err, pgtransport.ErrClosed))
+	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
+}
+
+func TestStreamConfigErrors(t *testing.T) {
+	t.Parallel()
+	tr, _, _ := setup(t, pgtransport.Config{})
+	for _, tc := range []struct {
+		name string
+		cfg  async.StreamConfig
+		want error
+	}{
+		{"no worker id", async.StreamConfig{Visibility: time.Minute}, pgtransport.ErrInvalidWorkerID},
+		{"no visibility", async.StreamConfig{WorkerID: "w"}, pgtransport.ErrInvalidVisibility},
+		{"priority floor too high", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MinPriority: 5}, pgtransport.ErrInvalidPriority},
+		{"negative in-flight bound", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: -1}, pgtransport.ErrInvalidConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tr.Stream(ctx(t), tc.cfg)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFromDSN: a Transport from a DSN owns its pool and works end to end.
+func TestFromDSN(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	tr, err := async.FromDSN(ctx(t), db.DSN, pgtransport.Config{Schema: db.Schema})
+	is.NoErr(err)
+	defer tr.Close()
+	s := stream(t, tr, async.StreamConfig{})
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
+	l := receive(t, s, 10*time.Second)
+	is.Equal(l.Event, "e")
+	is.NoErr(<-tr.Ack(ctx(t), l))
+
+	_, err = async.FromDSN(ctx(t), "postgres://%zz", pgtransport.Config{})
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // a malformed DSN fails at once
+	_, err = async.New(ctx(t), nil, pgtransport.Config{})
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+}

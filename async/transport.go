@@ -1,0 +1,292 @@
+package async
+
+import (
+	"context"
+	"fmt"
+	stdsync "sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/notify"
+)
+
+// Result is what a call's channel delivers: the value and the error the
+// blocking transport's method would have returned.
+type Result[T any] struct {
+	Value T
+	Err   error
+}
+
+// Transport is the channel-based transport. Each call returns at once with a
+// channel that delivers its one result and is then left open (it is
+// buffered: nobody needs to receive). It is safe for concurrent use.
+type Transport struct {
+	core   *core.Core
+	pool   *pgxpool.Pool
+	owned  bool // Close closes pool (FromDSN)
+	cfg    pgtransport.Config
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+
+	listener *notify.Listener // nil with Config.DisableNotify
+	release  func()           // gives the shared listener back
+	channel  string           // this schema's NOTIFY channel
+
+	mu      stdsync.Mutex
+	closed  bool
+	wg      stdsync.WaitGroup // every goroutine the Transport started
+	streams map[*Stream]struct{}
+	leases  stdsync.Map // token -> *Stream, for leases a Stream delivered and nobody settled yet
+}
+
+// New returns a Transport on pool. Unless cfg.SkipApply, it first brings the
+// schema up to date. Unless cfg.DisableNotify, its streams share one LISTEN
+// connection per pool (taken out of the pool) with every other Transport on
+// the same pool.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", pgtransport.ErrInvalidConfig)
+	}
+	c, err := core.New(ctx, pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &Transport{core: c, pool: pool, cfg: c.Config(), streams: map[*Stream]struct{}{}}
+	if !t.cfg.DisableNotify {
+		if t.channel, err = c.Channel(ctx); err != nil {
+			return nil, err
+		}
+		t.listener, t.release = sharedListener(pool)
+	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	return t, nil
+}
+
+// FromDSN connects to dsn with a pool, waiting with backoff while the server
+// does not accept connections (as sync.FromDSN does), and returns a
+// Transport that owns the pool.
+func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
+	t, _, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
+		return New(ctx, pool, cfg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.owned = true
+	return t, nil
+}
+
+// Close stops every stream and waits for every goroutine the Transport
+// started. Leases a stream had claimed but not yet handed to its receiver
+// are given back at once (nack with no delay), so they are not held until
+// their visibility runs out; leases already received stay the receiver's
+// and come back after their visibility unless settled with another
+// transport. Calls in flight are not cancelled: Close waits for them (their
+// ctx bounds them), so none ends with an unknown outcome. Later calls
+// deliver ErrClosed. Closes the pool FromDSN opened. Safe to call twice.
+func (t *Transport) Close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait()
+	if t.release != nil {
+		t.release()
+	}
+	if t.owned {
+		t.pool.Close()
+	}
+}
+
+// Publish appends event to group's FIFO and delivers its seq. A new group
+// gets priority (0-4); an existing one keeps its priority and any live lease.
+// One round-trip.
+func (t *Transport) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		seq, err := t.core.Publish(ctx, t.pool, group, event, priority)
+		if err == nil {
+			t.kick()
+		}
+		return seq, err
+	})
+}
+
+// PublishTx is Publish inside the caller's transaction: the message commits
+// or rolls back with the caller's own writes. The transaction is in use
+// until the result is delivered; do not use it meanwhile.
+func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		if tx == nil {
+			return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
+		}
+		return t.core.Publish(ctx, tx, group, event, priority)
+	})
+}
+
+// Claim leases the claimable group (priority >= minPriority) that was served
+// longest ago and delivers its head, held for visibility, or a nil lease
+// when nothing is claimable: like the blocking Claim, it does not wait for
+// work (a Stream does). One round-trip.
+func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
+	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
+		return t.core.Claim(ctx, workerID, visibility, minPriority)
+	})
+}
+
+// Ack deletes the lease's message and frees its group for the next claim (or
+// deletes the group's row when it has no message left). ErrLeaseLost if the
+// lease no longer holds. A stream that delivered the lease gets its slot
+// back. One round-trip; acks are not batched.
+func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
+	return settle(t, ctx, lease, func(ctx context.Context) error { return t.core.Ack(ctx, lease) })
+}
+
+// Nack gives the lease back without deleting the message: delay > 0 parks
+// the group until now+delay, delay == 0 frees it at once, first in line.
+// ErrLeaseLost if the lease no longer holds. One round-trip.
+func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error {
+	return settle(t, ctx, lease, func(ctx context.Context) error { return t.core.Nack(ctx, lease, delay) })
+}
+
+// Extend makes the lease hold until now+visibility. ErrLeaseLost if the
+// lease no longer holds. One round-trip.
+func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		start := time.Now()
+		err := t.core.Extend(ctx, lease, visibility)
+		if err == nil {
+			if s, ok := t.leases.Load(lease.Token); ok {
+				s.(*Stream).extend(lease.Token, start.Add(visibility))
+			}
+		}
+		return err
+	})
+}
+
+// settle runs an ack or nack, then frees the lease's stream slot and wakes
+// the idle streams of this process: the group may be claimable again.
+func settle(t *Transport, ctx context.Context, lease *pgtransport.Lease, f func(context.Context) error) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		err := f(ctx)
+		if lease != nil {
+			if s, ok := t.leases.LoadAndDelete(lease.Token); ok {
+				s.(*Stream).release(lease.Token)
+			}
+		}
+		if err == nil {
+			t.kick()
+		}
+		return err
+	})
+}
+
+// call runs f on its own goroutine, owned by t, and delivers the result on a buffered channel.
+func call[T any](t *Transport, ctx context.Context, f func(context.Context) (T, error)) <-chan Result[T] {
+	out := make(chan Result[T], 1)
+	t.do(ctx, func(ctx context.Context) {
+		v, err := f(ctx)
+		out <- Result[T]{Value: v, Err: err}
+	}, func() { out <- Result[T]{Err: pgtransport.ErrClosed} })
+	return out
+}
+
+// callErr is call for calls that return only an error.
+func callErr(t *Transport, ctx context.Context, f func(context.Context) error) <-chan error {
+	out := make(chan error, 1)
+	t.do(ctx, func(ctx context.Context) { out <- f(ctx) }, func() { out <- pgtransport.ErrClosed })
+	return out
+}
+
+// do runs f on a goroutine the Transport waits for at Close, or closed if
+// the Transport is closed.
+func (t *Transport) do(ctx context.Context, f func(context.Context), closed func()) {
+	if !t.spawn(func() { f(ctx) }) {
+		closed()
+	}
+}
+
+// spawn starts f on a goroutine the Transport waits for at Close; false
+// after Close.
+func (t *Transport) spawn(f func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (t *Transport) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// bind returns ctx, also cancelled when the Transport closes.
+func (t *Transport) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(t.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// kick wakes every idle stream of this Transport: a group may have become
+// claimable without a new group row, which no notification announces.
+func (t *Transport) kick() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for s := range t.streams {
+		s.wake()
+	}
+}
+
+// sharedListeners holds one notify.Listener per pool, shared by every
+// Transport on it and closed with the last of them.
+var sharedListeners = struct {
+	mu stdsync.Mutex
+	m  map[*pgxpool.Pool]*shared
+}{m: map[*pgxpool.Pool]*shared{}}
+
+type shared struct {
+	l    *notify.Listener
+	refs int
+}
+
+func sharedListener(pool *pgxpool.Pool) (*notify.Listener, func()) {
+	sharedListeners.mu.Lock()
+	defer sharedListeners.mu.Unlock()
+	s := sharedListeners.m[pool]
+	if s == nil {
+		l, _ := notify.New(notify.Config{Connect: notify.FromPool(pool)}) // Connect is set: no error
+		s = &shared{l: l}
+		sharedListeners.m[pool] = s
+	}
+	s.refs++
+	var once stdsync.Once
+	return s.l, func() {
+		once.Do(func() {
+			sharedListeners.mu.Lock()
+			s.refs--
+			last := s.refs == 0
+			if last {
+				delete(sharedListeners.m, pool)
+			}
+			sharedListeners.mu.Unlock()
+			if last {
+				s.l.Close()
+			}
+		})
+	}
+}

@@ -1,0 +1,109 @@
+-- 003_wakeups.sql: wake idle consumers with LISTEN/NOTIFY, and only them.
+--
+-- A transaction that runs NOTIFY takes a database-wide lock at commit, so
+-- notifying commits queue behind each other and lose group commit. So a
+-- write notifies only when it makes a group ready that was not there (a new
+-- group row) and some consumer has said it is idle and waiting. A busy system
+-- sends no notification at all. PostgreSQL folds identical notifications in
+-- one transaction into one, so a batch that creates many groups notifies
+-- once.
+--
+-- The lost-wakeup race: a publisher whose trigger ran before a consumer's
+-- waiter row committed, and which commits after that consumer's last empty
+-- claim, wakes no one. The consumer's timed sweep (Config.IdleSweep) bounds
+-- how long such a message waits.
+--
+-- Groups that become claimable without a new row (an ack or nack that frees
+-- a group with messages left, a lease or park that runs out) send nothing:
+-- consumers in the same process are woken in-process, consumers elsewhere
+-- wake at the earliest lock_expiry they saw when they went idle, or at their
+-- sweep.
+-- Idempotent.
+
+-- One row per idle consumer that wants a notification for a new group at
+-- or above min_priority. until (epoch seconds, server clock) lets a row
+-- outlive a crashed consumer only briefly: consumers refresh it while idle.
+CREATE TABLE IF NOT EXISTS transport_waiters (
+    waiter       TEXT PRIMARY KEY,
+    min_priority INT NOT NULL,
+    until        DOUBLE PRECISION NOT NULL
+);
+
+-- harel_channel is the NOTIFY channel of this schema's queue: named after
+-- the groups table's oid, so two queues in one database never wake each
+-- other, and always a valid identifier.
+CREATE OR REPLACE FUNCTION harel_channel()
+RETURNS TEXT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT 'harel_ready_' || 'transport_groups'::regclass::oid::bigint $$;
+
+-- The trigger that wakes: after a new group row, if any consumer waits for
+-- one of its priority. Each statement in it takes a fresh snapshot (read
+-- committed), so it sees waiters that committed while the insert ran.
+CREATE OR REPLACE FUNCTION harel_wake()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM transport_waiters AS w
+                WHERE w.min_priority <= NEW.priority
+                  AND w.until > extract(epoch FROM clock_timestamp())) THEN
+        PERFORM pg_notify(harel_channel(), '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_wake ON transport_groups;
+CREATE TRIGGER transport_groups_wake
+    AFTER INSERT ON transport_groups
+    FOR EACH ROW EXECUTE FUNCTION harel_wake();
+
+-- harel_wait records p_waiter (unless NULL) as idle for p_ttl seconds
+-- (server clock) and returns the earliest lock_expiry after p_now of a leased or parked group
+-- at or above p_min_priority (NULL if none): when the consumer must look
+-- again even if no notification comes. It also clears rows of consumers
+-- that stopped refreshing a minute ago.
+CREATE OR REPLACE FUNCTION harel_wait(
+    p_waiter       TEXT,
+    p_min_priority INT,
+    p_ttl          DOUBLE PRECISION,
+    p_now          DOUBLE PRECISION)
+RETURNS DOUBLE PRECISION
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_clock DOUBLE PRECISION := extract(epoch FROM clock_timestamp());
+    v_next  DOUBLE PRECISION;
+BEGIN
+    IF p_waiter IS NOT NULL THEN
+        DELETE FROM transport_waiters AS w WHERE w.until < v_clock - 60;
+        INSERT INTO transport_waiters AS w (waiter, min_priority, until)
+        VALUES (p_waiter, p_min_priority, v_clock + p_ttl)
+        ON CONFLICT (waiter) DO UPDATE
+            SET min_priority = EXCLUDED.min_priority, until = EXCLUDED.until;
+    END IF;
+    -- Walks the round-robin index from p_now: free groups sit at or before
+    -- now (their lock_expiry is when they were freed), so the first locked
+    -- row past now is the answer.
+    SELECT g.lock_expiry INTO v_next
+      FROM transport_groups AS g
+     WHERE COALESCE(g.lock_expiry, 0) > p_now
+       AND g.locked_by IS NOT NULL
+       AND g.priority >= p_min_priority
+     ORDER BY COALESCE(g.lock_expiry, 0), g.group_id
+     LIMIT 1;
+    RETURN v_next;
+END
+$$;
+
+-- harel_unwait: p_waiter is busy again and wants no notification.
+CREATE OR REPLACE FUNCTION harel_unwait(p_waiter TEXT)
+RETURNS VOID
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ DELETE FROM transport_waiters WHERE waiter = p_waiter $$;
