@@ -403,6 +403,7 @@ func (s *Stream) finish(parent context.Context) {
 	s.t.mu.Lock()
 	delete(s.t.streams, s)
 	s.t.mu.Unlock()
+	s.cancel() // unhooks ctx from the Transport's
 }
 
 func newRetry() *backoff.ExponentialBackOff {

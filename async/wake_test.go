@@ -150,17 +150,25 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 	sB := stream(t, b, async.StreamConfig{})
 	waitArmed(t, dbA, 1)
 	waitArmed(t, dbB, 1)
-	time.Sleep(200 * time.Millisecond) // the wake-ups of B's channel joining the listener settle
 	// A woken consumer refreshes its waiter row when it looks again; B's
-	// must stay as it is.
-	var before, after float64
-	is.NoErr(dbB.Pool.QueryRow(ctx(t), `SELECT until FROM transport_waiters`).Scan(&before))
+	// must stay as it is. First let the wake-ups of B's channel joining the
+	// listener settle: B's row unchanged for 300 ms.
+	until := func() float64 {
+		var u float64
+		is.NoErr(dbB.Pool.QueryRow(ctx(t), `SELECT until FROM transport_waiters`).Scan(&u))
+		return u
+	}
+	before := until()
+	for settled := time.Now(); time.Since(settled) < 300*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+		if u := until(); u != before {
+			before, settled = u, time.Now()
+		}
+	}
 	plainPublish(t, dbA, "g", "for A")
 	l := receive(t, sA, 10*time.Second)
 	is.Equal(l.Event, "for A")
 	time.Sleep(200 * time.Millisecond) // B would have woken by now
-	is.NoErr(dbB.Pool.QueryRow(ctx(t), `SELECT until FROM transport_waiters`).Scan(&after))
-	is.Equal(before, after) // B slept through it
+	is.Equal(until(), before) // B slept through it
 	plainPublish(t, dbB, "g", "for B")
 	is.Equal(receive(t, sB, 10*time.Second).Event, "for B") // and B does wake for its own
 }

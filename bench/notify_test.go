@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+// BenchmarkPublishNotify: 16 publishers, each publishing workflows of
+// "events" events to a group of their own (so every publish, or every
+// third, creates a group), while one async consumer works through a backlog
+// and acks. Modes:
+//
+//	off:    the consumer has notifications off (Config.DisableNotify).
+//	on:     notifications on; publishers notify only while the consumer waits.
+//	always: as on, plus a waiter row that never lapses, so every new group
+//	        notifies: what notifying on every new group would cost.
+func BenchmarkPublishNotify(b *testing.B) {
+	for _, events := range []int{1, 3} {
+		for _, mode := range []string{"off", "on", "always"} {
+			b.Run(fmt.Sprintf("events=%d/mode=%s/publishers=16", events, mode), func(b *testing.B) {
+				publishNotify(b, mode, 16, events)
+			})
+		}
+	}
+}
+
+func publishNotify(b *testing.B, mode string, publishers, events int) {
+	db := pgtest.New(b, int32(publishers)+8)
+	ctx := context.Background()
+	cfg := pgtransport.Config{Schema: db.Schema, DisableNotify: mode == "off"}
+	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumerDB := pgtest.New(b, 4) // its own pool, so its listener is its own
+	cons, err := async.New(ctx, consumerDB.Pool, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cons.Close()
+	if mode == "always" {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO transport_waiters VALUES ('forever', 0, 'infinity')`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s, err := cons.Stream(ctx, async.StreamConfig{WorkerID: "consumer", Visibility: time.Minute, MaxInFlight: 8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	<-s.Ready()
+	notes := countNotifications(b, db)
+	var (
+		acked    atomic.Int64
+		orderErr = make(chan error, 1)
+		drained  = make(chan struct{})
+		lastSeq  = map[string]int64{}
+	)
+	go func() { // the consumer: check per-group order, ack
+		defer close(drained)
+		for l := range s.C() {
+			if l.Seq <= lastSeq[l.Group] {
+				select {
+				case orderErr <- fmt.Errorf("group %s: seq %d after %d", l.Group, l.Seq, lastSeq[l.Group]):
+				default:
+				}
+			}
+			lastSeq[l.Group] = l.Seq
+			if err := <-cons.Ack(ctx, l); err == nil {
+				acked.Add(1)
+			}
+		}
+	}()
+	// Warm up: a backlog the consumer is working through when the timing
+	// starts, so it does the same work in every mode (asleep until its
+	// sweep, it would leave the publishers more CPU with notifications off).
+	const backlog = 1000
+	if _, err := db.Pool.Exec(ctx, `SELECT harel_publish('warm-' || i, 'e', 0) FROM generate_series(1, $1) AS i`, backlog); err != nil {
+		b.Fatal(err)
+	}
+	for acked.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var next atomic.Int64 // publisher ids
+	var published atomic.Int64
+	published.Store(backlog)
+	ackedBefore := acked.Load()
+	b.SetParallelism(max(1, publishers/maxprocs()))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		id := next.Add(1)
+		for i := 0; pb.Next(); i++ {
+			group := fmt.Sprintf("wf-%d-%d", id, i/events)
+			if _, err := pub.Publish(ctx, group, fmt.Sprint(i%events), 0); err != nil {
+				b.Error(err)
+				return
+			}
+			published.Add(1)
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	b.ReportMetric(float64(acked.Load()-ackedBefore)/b.Elapsed().Seconds(), "acked/s")
+	b.ReportMetric(float64(notes()), "notifications")
+	s.Close()
+	<-drained
+	select {
+	case err := <-orderErr:
+		b.Fatal(err)
+	default:
+	}
+	var left int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM transport_messages`).Scan(&left); err != nil {
+		b.Fatal(err)
+	}
+	if left+acked.Load() != published.Load() {
+		b.Fatalf("published %d, acked %d, %d left: lost %d", published.Load(), acked.Load(), left, published.Load()-acked.Load()-left)
+	}
+}
+
+// countNotifications listens on db's queue channel on a connection of its
+// own and returns a function that stops and tells how many arrived.
+func countNotifications(b *testing.B, db *pgtest.DB) func() int {
+	ctx, cancel := context.WithCancel(context.Background())
+	conn := db.Conn(b)
+	var channel string
+	if err := conn.QueryRow(ctx, `SELECT harel_channel()`).Scan(&channel); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
+		b.Fatal(err)
+	}
+	var n int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := conn.WaitForNotification(ctx); err != nil {
+				return
+			}
+			n++
+		}
+	}()
+	return func() int {
+		time.Sleep(100 * time.Millisecond) // the last ones in flight
+		cancel()
+		<-done
+		return n
+	}
+}
+
+// BenchmarkWake measures how soon an idle async consumer gets work, as
+// p50/p99 in ms:
+//
+//	notify: from the start of a publish (by another transport, so only the
+//	        notification can wake it) to the lease arriving.
+//	expiry: from a lease's lock_expiry (its holder gone) to the lease
+//	        arriving: no notification, the consumer's own timer.
+func BenchmarkWake(b *testing.B) {
+	b.Run("notify", func(b *testing.B) { wake(b, false) })
+	b.Run("expiry", func(b *testing.B) { wake(b, true) })
+}
+
+func wake(b *testing.B, expiry bool) {
+	db := pgtest.New(b, 4)
+	ctx := context.Background()
+	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: time.Minute}
+	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	consumerDB := pgtest.New(b, 4)
+	cons, err := async.New(ctx, consumerDB.Pool, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cons.Close()
+	s, err := cons.Stream(ctx, async.StreamConfig{WorkerID: "idle", Visibility: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	<-s.Ready()
+	var lat []time.Duration
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		awaitIdle(b, db)
+		group := fmt.Sprint("g", i)
+		var start time.Time
+		if expiry {
+			start = abandon(b, db, group)
+		} else {
+			start = time.Now()
+			if _, err := pub.Publish(ctx, group, "e", 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		l := <-s.C()
+		got := time.Now()
+		if l == nil || l.Group != group {
+			b.Fatalf("got %+v, want group %s", l, group)
+		}
+		lat = append(lat, got.Sub(start))
+		if err := <-cons.Ack(ctx, l); err != nil {
+			b.Fatal(err)
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(ms(lat[len(lat)/2]), "p50-ms")
+	b.ReportMetric(ms(lat[len(lat)*99/100]), "p99-ms")
+}
+
+// abandon publishes to group and leases it for 100 ms to a holder that
+// never settles, in one transaction so the consumer never sees the group
+// free. It returns when the lease runs out, by this process's clock (at or
+// before the server's lock_expiry: the figure errs on the slow side).
+func abandon(b *testing.B, db *pgtest.DB, group string) time.Time {
+	ctx := context.Background()
+	var start time.Time
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		tr, err := pgsync.New(ctx, tx, pgtransport.Config{Schema: db.Schema, SkipApply: true})
+		if err != nil {
+			return err
+		}
+		if _, err := tr.Publish(ctx, group, "e", 0); err != nil {
+			return err
+		}
+		start = time.Now()
+		_, err = tr.Claim(ctx, "gone", 100*time.Millisecond, 0)
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return start.Add(100 * time.Millisecond)
+}
+
+// awaitIdle waits until the consumer has said it waits.
+func awaitIdle(b *testing.B, db *pgtest.DB) {
+	for {
+		var n int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM transport_waiters`).Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
