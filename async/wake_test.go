@@ -168,7 +168,7 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 	l := receive(t, sA, 10*time.Second)
 	is.Equal(l.Event, "for A")
 	time.Sleep(200 * time.Millisecond) // B would have woken by now
-	is.Equal(until(), before) // B slept through it
+	is.Equal(until(), before)          // B slept through it
 	plainPublish(t, dbB, "g", "for B")
 	is.Equal(receive(t, sB, 10*time.Second).Event, "for B") // and B does wake for its own
 }
