@@ -1,25 +1,33 @@
 # pgtransport. `make help` lists the targets.
 GO ?= go
+RESULTS ?= results
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 3
 
-.PHONY: help test schema bench fmt vet
+.PHONY: help test schema bench bench-full bench-go fmt vet
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 test: vet ## vet, then every test under the race detector, on a real PostgreSQL
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-vet: ## go vet and a gofmt check
+vet: ## go vet (library and bench module) and a gofmt check
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 	@test -z "$$(gofmt -l . | grep -v '^testdata/')" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
 schema: ## print the complete SQL script (default names) to stdout
 	@$(GO) run ./internal/cmd/schemasql
 
-bench: ## run the benchmarks (BENCHTIME, BENCHCOUNT) and print msgs/s
-	$(GO) test -run '^$$' -bench . -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./bench/
+bench: ## pgtransport vs the old design vs River, about 2 minutes: table, CSV and SVG chart in $(RESULTS)/
+	cd bench && $(GO) run . -out $(abspath $(RESULTS))
+
+bench-full: ## the same, longer runs and more of them
+	cd bench && $(GO) run . -full -out $(abspath $(RESULTS))
+
+bench-go: ## the go test benchmarks in bench/ (BENCHTIME, BENCHCOUNT)
+	cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) .
 
 fmt: ## gofmt the tree
 	gofmt -w .

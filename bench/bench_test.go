@@ -1,8 +1,8 @@
-// Package bench measures the transports on a real PostgreSQL server. Every
+// The benchmarks (go test -bench) measure the transports on a real PostgreSQL server. Every
 // benchmark checks what it measured: all messages acked, per-group order
 // held, tables empty at the end; a run that loses or reorders a message
 // fails instead of printing a number.
-package bench
+package main
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package bench
+package main
 
 import (
 	"context"
@@ -194,7 +194,9 @@ func wake(b *testing.B, expiry bool) {
 	var lat []time.Duration
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
-		awaitIdle(b, db)
+		if err := awaitIdle(ctx, db); err != nil {
+			b.Fatal(err)
+		}
 		group := fmt.Sprint("g", i)
 		var start time.Time
 		if expiry {
@@ -245,19 +247,3 @@ func abandon(b *testing.B, db *pgtest.DB, group string) time.Time {
 	}
 	return start.Add(100 * time.Millisecond)
 }
-
-// awaitIdle waits until the consumer has said it waits.
-func awaitIdle(b *testing.B, db *pgtest.DB) {
-	for {
-		var n int
-		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM transport_waiters`).Scan(&n); err != nil {
-			b.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

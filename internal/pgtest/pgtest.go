@@ -150,26 +150,42 @@ type DB struct {
 	Schema string        // the test's own schema; pass it as Config.Schema
 	DSN    string        // the server's connection string
 	Pool   *pgxpool.Pool // search_path is Schema, so plain SQL finds the tables
+	admin  *pgxpool.Pool
 }
 
 // New creates a fresh schema for tb and a pool (up to maxConns connections,
 // 0 means 8) whose search_path is that schema. Both go away in tb.Cleanup.
 func New(tb testing.TB, maxConns int32) *DB {
 	tb.Helper()
-	dsn, adm, err := server()
+	db, err := Open(maxConns)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := db.Drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return db
+}
+
+// Open is New for programs (the benchmark runner): the caller drops the
+// schema with Drop.
+func Open(maxConns int32) (*DB, error) {
+	dsn, adm, err := server()
+	if err != nil {
+		return nil, err
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "t_" + hex.EncodeToString(b[:])
 	ctx := context.Background()
 	if _, err := adm.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
-		tb.Fatalf("pgtest: create schema: %v", err)
+		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
+		return nil, err
 	}
 	if maxConns == 0 {
 		maxConns = 8
@@ -178,15 +194,18 @@ func New(tb testing.TB, maxConns int32) *DB {
 	cfg.ConnConfig.RuntimeParams["search_path"] = name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		tb.Fatalf("pgtest: pool: %v", err)
+		return nil, fmt.Errorf("pool: %w", err)
 	}
-	tb.Cleanup(func() {
-		pool.Close()
-		if _, err := adm.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("pgtest: drop schema %s: %v", name, err)
-		}
-	})
-	return &DB{Schema: name, DSN: dsn, Pool: pool}
+	return &DB{Schema: name, DSN: dsn, Pool: pool, admin: adm}, nil
+}
+
+// Drop closes the pool and drops the schema with everything in it.
+func (db *DB) Drop() error {
+	db.Pool.Close()
+	if _, err := db.admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("drop schema %s: %w", db.Schema, err)
+	}
+	return nil
 }
 
 // Conn opens a single connection whose search_path is the test's schema,

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	stdsync "sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+// A drainer empties a preloaded backlog with some number of workers. It
+// stops when stop is closed or when every message is acked, and reports
+// every ack to the checker.
+type drainer interface {
+	drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error
+	close()
+}
+
+// checker verifies, as claims happen, that each group's messages are handed
+// out in seq order (a redelivery repeats the head; nothing goes back), and
+// counts acks. The order is checked at claim time: the claim of a group's
+// next message happens after the ack of the one before, while two workers'
+// calls to ack may return in either order.
+type checker struct {
+	mu     stdsync.Mutex
+	last   map[string]int64
+	acked  atomic.Int64
+	target int64 // done when acked reaches it
+	done   chan struct{}
+	once   stdsync.Once
+	err    error
+}
+
+func newChecker(target int64) *checker {
+	return &checker{last: map[string]int64{}, target: target, done: make(chan struct{})}
+}
+
+// claimed records that message seq of group was handed out.
+func (c *checker) claimed(group string, seq int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq < c.last[group] && c.err == nil {
+		c.err = fmt.Errorf("group %s: seq %d handed out after %d", group, seq, c.last[group])
+	}
+	c.last[group] = seq
+}
+
+// ack counts an ack.
+func (c *checker) ack() {
+	if c.acked.Add(1) >= c.target {
+		c.once.Do(func() { close(c.done) })
+	}
+}
+
+// verify fails on an order violation, or unless acked plus still queued
+// is published: a message lost, or acked twice.
+func (c *checker) verify(ctx context.Context, db *pgtest.DB, published int64) error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	left, _, err := leftover(ctx, db)
+	if err != nil {
+		return err
+	}
+	if acked := c.acked.Load(); acked+int64(left) != published {
+		return fmt.Errorf("published %d, acked %d, %d still queued: %d lost or acked twice", published, acked, left, published-acked-int64(left))
+	}
+	return nil
+}
+
+// finished reports whether stop is closed or everything is acked.
+func finished(stop <-chan struct{}, c *checker) bool {
+	select {
+	case <-stop:
+		return true
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// syncDrainer: W goroutines, each a blocking loop of Claim and Ack.
+type syncDrainer struct{ tr *pgsync.Transport }
+
+func (d syncDrainer) close() {}
+
+func (d syncDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
+	return parallel(workers, func(w int) error {
+		id := fmt.Sprint("w", w)
+		for !finished(stop, c) {
+			l, err := d.tr.Claim(ctx, id, time.Minute, 0)
+			if err != nil {
+				return err
+			}
+			if l == nil {
+				continue // the claimable groups are all held: claim again
+			}
+			c.claimed(l.Group, l.Seq)
+			if err := d.tr.Ack(ctx, l); err != nil {
+				return err
+			}
+			c.ack()
+		}
+		return nil
+	})
+}
+
+// asyncDrainer: W streams (one lease each), each drained by a goroutine that
+// acks what it receives.
+type asyncDrainer struct{ tr *async.Transport }
+
+func (d asyncDrainer) close() { d.tr.Close() }
+
+func (d asyncDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return parallel(workers, func(w int) error {
+		s, err := d.tr.Stream(ctx, async.StreamConfig{WorkerID: fmt.Sprint("w", w), Visibility: time.Minute})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		for {
+			select {
+			case <-stop:
+				return nil
+			case <-c.done:
+				return nil
+			case l, ok := <-s.C():
+				if !ok {
+					return s.Err()
+				}
+				c.claimed(l.Group, l.Seq)
+				if err := <-d.tr.Ack(ctx, l); err != nil {
+					return err
+				}
+				c.ack()
+			}
+		}
+	})
+}
+
+// baselineDrainer is the design this project replaced: the same tables and
+// functions, but every claim serialized behind one global advisory lock.
+type baselineDrainer struct{ pool *pgxpool.Pool }
+
+// baselineSQL is bench-only: it wraps harel_claim in the global lock.
+const baselineSQL = `
+CREATE OR REPLACE FUNCTION bench_serialized_claim(p_now float8, p_lease float8, p_token text)
+RETURNS TABLE (group_id text, seq bigint, event text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(424242);
+    RETURN QUERY SELECT * FROM harel_claim(p_now, p_lease, p_token, 0);
+END $$`
+
+func (d baselineDrainer) close() {}
+
+func (d baselineDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
+	return parallel(workers, func(w int) error {
+		for i := 0; !finished(stop, c); i++ {
+			token := fmt.Sprintf("w%d:%d", w, i)
+			var (
+				group string
+				seq   int64
+				event string
+			)
+			err := d.pool.QueryRow(ctx, `SELECT group_id, seq, event FROM bench_serialized_claim(
+				extract(epoch FROM clock_timestamp()), extract(epoch FROM clock_timestamp()) + 60, $1)`, token).Scan(&group, &seq, &event)
+			if err != nil {
+				if isNoRows(err) {
+					continue
+				}
+				return err
+			}
+			c.claimed(group, seq)
+			var held bool
+			if err := d.pool.QueryRow(ctx, `SELECT harel_ack($1, $2, $3, extract(epoch FROM clock_timestamp()))`, group, seq, token).Scan(&held); err != nil {
+				return err
+			}
+			if !held {
+				return fmt.Errorf("baseline: lease on %s lost", group)
+			}
+			c.ack()
+		}
+		return nil
+	})
+}
+
+// parallel runs f for workers 0..n-1 and returns the first error.
+func parallel(n int, f func(w int) error) error {
+	var (
+		wg    stdsync.WaitGroup
+		mu    stdsync.Mutex
+		first error
+	)
+	for w := range n {
+		wg.Go(func() {
+			if err := f(w); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// openDrainer opens system on a fresh schema sized for workers.
+func openDrainer(ctx context.Context, system string, workers int) (drainer, *pgtest.DB, error) {
+	db, err := pgtest.Open(int32(workers) + 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := pgtransport.Config{Schema: db.Schema}
+	var d drainer
+	switch system {
+	case "sync":
+		tr, err := pgsync.New(ctx, db.Pool, cfg)
+		if err != nil {
+			return nil, db, err
+		}
+		d = syncDrainer{tr}
+	case "async":
+		tr, err := async.New(ctx, db.Pool, cfg)
+		if err != nil {
+			return nil, db, err
+		}
+		d = asyncDrainer{tr}
+	case "baseline":
+		if _, err := pgsync.New(ctx, db.Pool, cfg); err != nil { // applies the schema
+			return nil, db, err
+		}
+		if _, err := db.Pool.Exec(ctx, baselineSQL); err != nil {
+			return nil, db, err
+		}
+		d = baselineDrainer{db.Pool}
+	default:
+		return nil, db, fmt.Errorf("unknown system %q", system)
+	}
+	return d, db, nil
+}
+
+// preload publishes n messages over groups in one statement, round-robin,
+// so every group has about n/groups in seq order.
+func preload(ctx context.Context, db *pgtest.DB, n, groups int) error {
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO transport_messages (group_id, event)
+		SELECT 'g' || (i % $1), i::text FROM generate_series(0, $2 - 1) AS i ORDER BY i`, groups, n)
+	if err != nil {
+		return err
+	}
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO transport_groups (group_id) SELECT DISTINCT group_id FROM transport_messages
+		ON CONFLICT DO NOTHING;
+		ANALYZE transport_groups; ANALYZE transport_messages`)
+	return err
+}
+
+// leftover counts messages and group rows still in the tables.
+func leftover(ctx context.Context, db *pgtest.DB) (messages, groups int, err error) {
+	err = db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&messages, &groups)
+	return
+}

@@ -1,0 +1,135 @@
+// Command bench measures pgtransport against the design it replaced and
+// against River, on one PostgreSQL server in one run, and writes a table,
+// a CSV and an SVG chart. `make bench` runs it; `make bench-full` runs it
+// longer. It finds or starts a server the way the tests do (DATABASE_URL, a
+// local server, or a throwaway cluster).
+//
+// Every run checks what it measured: per-group order of every ack, and that
+// acked plus still-queued equals published (nothing lost, nothing twice). A
+// run that fails a check stops the program instead of printing a number.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+)
+
+// settings are a run's sizes: the default fits in 3 minutes on 2 cores.
+type settings struct {
+	runs     int           // runs per figure; medians and min-max over them
+	window   time.Duration // how long one claim+ack run drains
+	backlog  int           // messages preloaded per claim+ack run
+	samples  int           // latency samples per run
+	maxCost  int           // the largest group count of the claim-cost suite
+	workers  []int         // claim+ack worker counts
+	riverExt []int         // River's extra worker counts
+	groups   []int         // claim+ack group counts
+}
+
+var (
+	quick = settings{runs: 3, window: 400 * time.Millisecond, backlog: 20_000, samples: 200, maxCost: 1_000_000,
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}}
+	full = settings{runs: 5, window: 3 * time.Second, backlog: 150_000, samples: 1000, maxCost: 1_000_000,
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}}
+)
+
+func main() {
+	var (
+		long = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
+		out  = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
+		only = flag.String("only", "", "run only the suites whose name matches this regexp (claimack, river, publish, claimcost, latency)")
+	)
+	flag.Parse()
+	s := quick
+	if *long {
+		s = full
+	}
+	filter, err := regexp.Compile(*only)
+	if err != nil {
+		fail(err)
+	}
+	defer pgtest.Shutdown()
+	r := &runner{s: s, filter: filter, start: time.Now()}
+	if err := r.all(context.Background()); err != nil {
+		pgtest.Shutdown()
+		fail(err)
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fail(err)
+	}
+	table := r.table()
+	fmt.Print(table)
+	files := map[string]string{"bench.csv": r.csv(), "throughput.svg": r.svg(), "table.md": table}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(*out, name), []byte(body), 0o644); err != nil {
+			fail(err)
+		}
+	}
+	abs, _ := filepath.Abs(*out)
+	fmt.Fprintf(os.Stderr, "bench: %s: results in %s (bench.csv, throughput.svg, table.md)\n", r.elapsed(), abs)
+}
+
+func fail(err error) {
+	fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+	os.Exit(1)
+}
+
+// result is one figure: a value per run.
+type result struct {
+	suite, system, variant string
+	workers, groups        int
+	unit                   string // "msgs/s" or "ms"
+	runs                   []float64
+}
+
+type runner struct {
+	s       settings
+	filter  *regexp.Regexp
+	start   time.Time
+	results []result
+}
+
+func (r *runner) elapsed() string { return time.Since(r.start).Round(time.Second).String() }
+
+func (r *runner) progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6s] %s\n", r.elapsed(), fmt.Sprintf(format, args...))
+}
+
+func (r *runner) add(res result) { r.results = append(r.results, res) }
+
+func (r *runner) all(ctx context.Context) error {
+	suites := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"claimack", r.claimAck},
+		{"river", r.river},
+		{"publish", r.publish},
+		{"claimcost", r.claimCost},
+		{"latency", r.latency},
+	}
+	for _, s := range suites {
+		if !r.filter.MatchString(s.name) {
+			continue
+		}
+		if err := s.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	if len(r.results) == 0 {
+		return errors.New("no suite matched -only")
+	}
+	return nil
+}
+
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func (res result) median() float64 {
+	s := slices.Clone(res.runs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func (res result) spread() (lo, hi float64) { return slices.Min(res.runs), slices.Max(res.runs) }
+
+func (r *runner) find(suite, system, variant string, workers, groups int) (result, bool) {
+	for _, res := range r.results {
+		if res.suite == suite && res.system == system && res.variant == variant && res.workers == workers && res.groups == groups {
+			return res, true
+		}
+	}
+	return result{}, false
+}
+
+// num formats with thousands separators (and one decimal below 100).
+func num(v float64) string {
+	if v < 100 {
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	s := strconv.FormatInt(int64(math.Round(v)), 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// count formats an integer with thousands separators.
+func count(n int) string {
+	if n < 1000 {
+		return strconv.Itoa(n)
+	}
+	return num(float64(n))
+}
+
+func figure(res result) string {
+	lo, hi := res.spread()
+	return fmt.Sprintf("%s (%s-%s)", num(res.median()), num(lo), num(hi))
+}
+
+func ratio(a result, b result, ok bool) string {
+	if !ok || b.median() == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a.median()/b.median())
+}
+
+// table renders every figure as Markdown: medians with min-max, and for
+// throughput its ratio to River (same workers) and to the baseline (same
+// workers and groups).
+func (r *runner) table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nMedians of %d runs (min-max in brackets).\n", r.s.runs)
+	if r.has("claimack") {
+		b.WriteString("\n### Claim+ack throughput (msgs/s; River: jobs/s)\n\n")
+		b.WriteString("River has no per-group order and no one-holder-per-group: it is the queue users would pick instead, not the same contract.\n\n")
+		b.WriteString("| system | workers | groups | msgs/s | vs River | vs baseline |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, res := range r.results {
+			if res.suite != "claimack" {
+				continue
+			}
+			groups := count(res.groups)
+			if res.system == "river" {
+				groups = "n/a"
+			}
+			river, rok := r.find("claimack", "river", "", res.workers, 0)
+			base, bok := r.find("claimack", "baseline", "", res.workers, res.groups)
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s |\n", res.system, res.workers, groups, figure(res),
+				ratio(res, river, rok && res.system != "river"), ratio(res, base, bok && res.system != "baseline" && res.system != "river"))
+		}
+		b.WriteString("\nbaseline: the design this project replaced, every claim serialized behind one global pg_advisory_xact_lock.\n")
+	}
+	if r.has("publish") {
+		b.WriteString("\n### Publish throughput (one message per call, each to a new group, one async consumer busy meanwhile)\n\n")
+		b.WriteString("| publishers | notifications | msgs/s | vs off |\n| ---: | --- | ---: | ---: |\n")
+		for _, res := range r.results {
+			if res.suite == "publish" {
+				off, ok := r.find("publish", res.system, "notify=off", res.workers, 0)
+				fmt.Fprintf(&b, "| %d | %s | %s | %s |\n", res.workers, strings.TrimPrefix(res.variant, "notify="), figure(res), ratio(res, off, ok))
+			}
+		}
+	}
+	if r.has("claimcost") {
+		b.WriteString("\n### Claim cost as groups grow (median claim+ack latency, one worker, ms)\n\n")
+		b.WriteString("| groups | ms | vs 1,000 groups |\n| ---: | ---: | ---: |\n")
+		first, ok := r.find("claimcost", "sync", "", 1, 1_000)
+		for _, res := range r.results {
+			if res.suite == "claimcost" {
+				fmt.Fprintf(&b, "| %s | %s | %s |\n", count(res.groups), figure(res), ratio(res, first, ok))
+			}
+		}
+	}
+	if r.has("latency") {
+		b.WriteString("\n### Publish-to-receive latency into an idle async consumer (ms)\n\n| percentile | ms |\n| --- | ---: |\n")
+		for _, res := range r.results {
+			if res.suite == "latency" {
+				fmt.Fprintf(&b, "| %s | %s |\n", res.variant, figure(res))
+			}
+		}
+	}
+	return b.String()
+}
+
+func (r *runner) has(suite string) bool {
+	return slices.ContainsFunc(r.results, func(res result) bool { return res.suite == suite })
+}
+
+// csv has one line per figure, with every run.
+func (r *runner) csv() string {
+	var b strings.Builder
+	b.WriteString("suite,system,variant,workers,groups,unit,median,min,max,runs\n")
+	for _, res := range r.results {
+		lo, hi := res.spread()
+		runs := make([]string, len(res.runs))
+		for i, v := range res.runs {
+			runs[i] = strconv.FormatFloat(v, 'f', 3, 64)
+		}
+		fmt.Fprintf(&b, "%s,%s,%s,%d,%d,%s,%.3f,%.3f,%.3f,%s\n", res.suite, res.system, res.variant,
+			res.workers, res.groups, res.unit, res.median(), lo, hi, strings.Join(runs, ";"))
+	}
+	return b.String()
+}
+
+// svg charts claim+ack throughput against workers (log scale), one panel
+// per group count, one line per system; River, which has no groups, is in
+// every panel.
+func (r *runner) svg() string {
+	const (
+		pw, ph       = 320, 240 // panel
+		left, top    = 60, 40
+		gap          = 30
+		plotW, plotH = pw - left - 10, ph - top - 40
+	)
+	colors := map[string]string{"sync": "#1f77b4", "async": "#2ca02c", "baseline": "#d62728", "river": "#ff7f0e"}
+	systems := []string{"sync", "async", "baseline", "river"}
+	groups := r.s.groups
+	var ymax float64
+	maxW := 1
+	for _, res := range r.results {
+		if res.suite == "claimack" {
+			ymax = max(ymax, res.median())
+			maxW = max(maxW, res.workers)
+		}
+	}
+	if ymax == 0 {
+		ymax = 1
+	}
+	ymax = niceCeil(ymax)
+	width := len(groups)*(pw+gap) + gap
+	height := ph + 50
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="16" font-size="13">claim+ack throughput (median msgs/s) against workers, per group count</text>`+"\n", gap)
+	xOf := func(w int) float64 { return float64(left) + math.Log2(float64(w))/math.Log2(float64(maxW))*plotW }
+	yOf := func(v float64) float64 { return float64(top) + plotH - v/ymax*plotH }
+	for i, g := range groups {
+		ox := gap + i*(pw+gap)
+		fmt.Fprintf(&b, `<g transform="translate(%d,10)">`+"\n", ox)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">groups = %s</text>`+"\n", left, top-12, count(g))
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, top+plotH, left+plotW, top+plotH)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, top, left, top+plotH)
+		for k := 0; k <= 4; k++ {
+			v := ymax * float64(k) / 4
+			y := yOf(v)
+			fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left, y, left+plotW, y, left-4, y+4, num(v))
+		}
+		for w := 1; w <= maxW; w *= 4 {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%d</text>`+"\n", xOf(w), top+plotH+14, w)
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">workers</text>`+"\n", left+plotW/2, top+plotH+30)
+		for _, sys := range systems {
+			var pts []string
+			for _, res := range r.results {
+				if res.suite == "claimack" && res.system == sys && (sys == "river" || res.groups == g) {
+					pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(res.workers), yOf(res.median())))
+				}
+			}
+			if len(pts) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[sys], strings.Join(pts, " "))
+			for _, p := range pts {
+				xy := strings.Split(p, ",")
+				fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`+"\n", xy[0], xy[1], colors[sys])
+			}
+		}
+		b.WriteString("</g>\n")
+	}
+	for i, sys := range systems {
+		x := gap + i*150
+		label := sys
+		if sys == "river" {
+			label = "River (no per-group order)"
+		}
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="4" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", x, height-14, colors[sys], x+16, height-9, label)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+func niceCeil(v float64) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= v {
+			return m * p
+		}
+	}
+	return 10 * p
+}

@@ -1,0 +1,375 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+var drainSystems = []string{"sync", "async", "baseline"}
+
+// claimAck: a preloaded backlog over G groups, drained by W workers for a
+// fixed window; msgs/s is acks over the time until the window ended or the
+// backlog ran out.
+func (r *runner) claimAck(ctx context.Context) error {
+	for _, system := range drainSystems {
+		for _, w := range r.s.workers {
+			for _, g := range r.s.groups {
+				res := result{suite: "claimack", system: system, workers: w, groups: g, unit: "msgs/s"}
+				d, db, err := openDrainer(ctx, system, w)
+				if err != nil {
+					if db != nil {
+						_ = db.Drop()
+					}
+					return err
+				}
+				for run := range r.s.runs {
+					r.progress("claim+ack  %-8s workers=%-4d groups=%-6d run %d/%d", system, w, g, run+1, r.s.runs)
+					rate, err := r.drainOnce(ctx, d, db, w, g)
+					if err != nil {
+						d.close()
+						_ = db.Drop()
+						return fmt.Errorf("%s workers=%d groups=%d: %w", system, w, g, err)
+					}
+					res.runs = append(res.runs, rate)
+				}
+				d.close()
+				if err := db.Drop(); err != nil {
+					return err
+				}
+				r.add(res)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *runner) drainOnce(ctx context.Context, d drainer, db *pgtest.DB, workers, groups int) (float64, error) {
+	n := max(r.s.backlog, 2*groups)
+	if _, err := db.Pool.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
+		return 0, err
+	}
+	if err := preload(ctx, db, n, groups); err != nil {
+		return 0, err
+	}
+	c := newChecker(int64(n))
+	stop := make(chan struct{})
+	timer := time.AfterFunc(r.s.window, func() { close(stop) })
+	start := time.Now()
+	err := d.drain(ctx, workers, stop, c)
+	elapsed := time.Since(start)
+	timer.Stop()
+	if err != nil {
+		return 0, err
+	}
+	if err := c.verify(ctx, db, int64(n)); err != nil {
+		return 0, err
+	}
+	return float64(c.acked.Load()) / elapsed.Seconds(), nil
+}
+
+// river: the same worker counts and more, since River scales with workers.
+func (r *runner) river(ctx context.Context) error {
+	for _, w := range append(slices.Clone(r.s.workers), r.s.riverExt...) {
+		res := result{suite: "claimack", system: "river", workers: w, unit: "jobs/s"}
+		rb, err := openRiver(ctx, w)
+		if err != nil {
+			return err
+		}
+		// A pilot run sizes the batch so a run lasts about the window.
+		r.progress("river      workers=%-4d pilot", w)
+		pilot, err := rb.run(ctx, w, 1000)
+		if err != nil {
+			rb.close()
+			return err
+		}
+		n := int(min(max(1000/pilot.Seconds()*r.s.window.Seconds(), 500), 200_000))
+		for run := range r.s.runs {
+			r.progress("river      workers=%-4d jobs=%d run %d/%d", w, n, run+1, r.s.runs)
+			elapsed, err := rb.run(ctx, w, n)
+			if err != nil {
+				rb.close()
+				return err
+			}
+			res.runs = append(res.runs, float64(n)/elapsed.Seconds())
+		}
+		rb.close()
+		r.add(res)
+	}
+	return nil
+}
+
+// publish: publishers publishing one message per call for the window, each
+// message to a new group (each workflow its own group), while one async
+// consumer works through a backlog and acks, with notifications off and on.
+func (r *runner) publish(ctx context.Context) error {
+	for _, publishers := range []int{1, 16} {
+		for _, notify := range []bool{false, true} {
+			variant := "notify=off"
+			if notify {
+				variant = "notify=on"
+			}
+			res := result{suite: "publish", system: "sync", variant: variant, workers: publishers, unit: "msgs/s"}
+			for run := range r.s.runs {
+				r.progress("publish    publishers=%-2d %s run %d/%d", publishers, variant, run+1, r.s.runs)
+				rate, err := r.publishOnce(ctx, publishers, notify)
+				if err != nil {
+					return err
+				}
+				res.runs = append(res.runs, rate)
+			}
+			r.add(res)
+		}
+	}
+	return nil
+}
+
+func (r *runner) publishOnce(ctx context.Context, publishers int, notify bool) (float64, error) {
+	db, err := pgtest.Open(int32(publishers) + 8)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = db.Drop() }()
+	cfg := pgtransport.Config{Schema: db.Schema, DisableNotify: !notify}
+	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	if err != nil {
+		return 0, err
+	}
+	cons, err := async.New(ctx, db.Pool, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer cons.Close()
+	// The consumer: busy with a backlog when the timing starts, so it does
+	// the same work whether notifications are on or off.
+	if err := preload(ctx, db, 1000, 1000); err != nil {
+		return 0, err
+	}
+	s, err := cons.Stream(ctx, async.StreamConfig{WorkerID: "consumer", Visibility: time.Minute, MaxInFlight: 8})
+	if err != nil {
+		return 0, err
+	}
+	c := newChecker(1 << 62)
+	consumed := make(chan error, 1)
+	go func() {
+		for l := range s.C() {
+			c.claimed(l.Group, l.Seq)
+			if err := <-cons.Ack(ctx, l); err != nil {
+				consumed <- err
+				return
+			}
+			c.ack()
+		}
+		consumed <- nil
+	}()
+	for c.acked.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var published atomic.Int64
+	stop := make(chan struct{})
+	timer := time.AfterFunc(r.s.window, func() { close(stop) })
+	defer timer.Stop()
+	start := time.Now()
+	err = parallel(publishers, func(p int) error {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			if _, err := pub.Publish(ctx, fmt.Sprintf("wf-%d-%d", p, i), "e", 0); err != nil {
+				return err
+			}
+			published.Add(1)
+		}
+	})
+	elapsed := time.Since(start)
+	s.Close()
+	if err := <-consumed; err != nil {
+		return 0, err
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := c.verify(ctx, db, 1000+published.Load()); err != nil {
+		return 0, err
+	}
+	return float64(published.Load()) / elapsed.Seconds(), nil
+}
+
+// claimCost: the median latency of one claim+ack by one blocking worker,
+// with 1,000 to 1,000,000 groups bulk-loaded (one message each). It must
+// stay flat: the claim walks an index.
+func (r *runner) claimCost(ctx context.Context) error {
+	db, err := pgtest.Open(4)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Drop() }()
+	tr, err := pgsync.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema})
+	if err != nil {
+		return err
+	}
+	loaded := 0
+	for _, groups := range []int{1_000, 100_000, r.s.maxCost} {
+		r.progress("claimcost  loading %d groups", groups)
+		// Bulk-load the difference in one transaction, triggers off (this
+		// is a load of fresh groups, no publisher races it).
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			for _, q := range []string{
+				`SET LOCAL session_replication_role = replica`,
+				`INSERT INTO transport_messages (group_id, event) SELECT 'g' || i, 'e' FROM generate_series($1::int, $2::int - 1) AS i`,
+				`INSERT INTO transport_groups (group_id) SELECT 'g' || i FROM generate_series($1::int, $2::int - 1) AS i`,
+			} {
+				args := []any{loaded, groups}
+				if !strings.Contains(q, "$1") {
+					args = nil
+				}
+				if _, err := tx.Exec(ctx, q, args...); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE transport_groups`); err != nil {
+			return err
+		}
+		if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE transport_messages`); err != nil {
+			return err
+		}
+		loaded = groups
+		res := result{suite: "claimcost", system: "sync", groups: groups, workers: 1, unit: "ms"}
+		for run := range r.s.runs {
+			r.progress("claimcost  groups=%-7d run %d/%d", groups, run+1, r.s.runs)
+			lat := make([]time.Duration, 0, r.s.samples)
+			for range r.s.samples {
+				start := time.Now()
+				l, err := tr.Claim(ctx, "w", time.Minute, 0)
+				if err != nil {
+					return err
+				}
+				if l == nil {
+					return fmt.Errorf("nothing claimable at %d groups", groups)
+				}
+				// Put it back as it was (a group with one message), so the
+				// group count holds: ack it and publish it again.
+				if err := tr.Ack(ctx, l); err != nil {
+					return err
+				}
+				lat = append(lat, time.Since(start))
+				if _, err := tr.Publish(ctx, l.Group, "e", 0); err != nil {
+					return err
+				}
+			}
+			res.runs = append(res.runs, ms(percentile(lat, 50)))
+		}
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM transport_groups`).Scan(&n); err != nil {
+			return err
+		}
+		if n != groups {
+			return fmt.Errorf("claimcost: %d groups, want %d", n, groups)
+		}
+		r.add(res)
+	}
+	return nil
+}
+
+// latency: publish (by another transport, so only a notification can wake
+// it) to lease received, into an idle async consumer; p50 and p99.
+func (r *runner) latency(ctx context.Context) error {
+	db, err := pgtest.Open(8)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Drop() }()
+	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: time.Minute}
+	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	if err != nil {
+		return err
+	}
+	consDB, err := pgtest.Open(4) // its own pool, so its own listener
+	if err != nil {
+		return err
+	}
+	defer func() { _ = consDB.Drop() }()
+	cons, err := async.New(ctx, consDB.Pool, cfg)
+	if err != nil {
+		return err
+	}
+	defer cons.Close()
+	s, err := cons.Stream(ctx, async.StreamConfig{WorkerID: "idle", Visibility: time.Minute})
+	if err != nil {
+		return err
+	}
+	<-s.Ready()
+	p50 := result{suite: "latency", system: "async", variant: "p50", unit: "ms"}
+	p99 := result{suite: "latency", system: "async", variant: "p99", unit: "ms"}
+	for run := range r.s.runs {
+		r.progress("latency    publish to receive, run %d/%d", run+1, r.s.runs)
+		var lat []time.Duration
+		for i := range r.s.samples {
+			if err := awaitIdle(ctx, db); err != nil {
+				return err
+			}
+			group := fmt.Sprintf("r%d-%d", run, i)
+			start := time.Now()
+			if _, err := pub.Publish(ctx, group, "e", 0); err != nil {
+				return err
+			}
+			var l *pgtransport.Lease
+			select {
+			case l = <-s.C():
+			case <-time.After(30 * time.Second):
+				return fmt.Errorf("latency: no wake-up for %s in 30 s", group)
+			}
+			lat = append(lat, time.Since(start))
+			if l == nil || l.Group != group {
+				return fmt.Errorf("latency: got %+v, want group %s", l, group)
+			}
+			if err := <-cons.Ack(ctx, l); err != nil {
+				return err
+			}
+		}
+		p50.runs = append(p50.runs, ms(percentile(lat, 50)))
+		p99.runs = append(p99.runs, ms(percentile(lat, 99)))
+	}
+	r.add(p50)
+	r.add(p99)
+	return nil
+}
+
+// awaitIdle waits until a consumer of db's queue has said it waits.
+func awaitIdle(ctx context.Context, db *pgtest.DB) error {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM transport_waiters`).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("the consumer never went idle")
+}
+
+func percentile(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
