@@ -28,6 +28,11 @@ const (
 	DefaultMaxConnectWait = time.Minute
 	// DefaultIdleSweep is Config.IdleSweep's value when it is 0.
 	DefaultIdleSweep = time.Second
+	// DefaultMaxKeep is Config.MaxKeep's value when it is 0.
+	DefaultMaxKeep = 16
+	// MaxBatch bounds the messages of one batch call (PublishMany,
+	// ClaimMany, AckMany) and a stream's MaxInFlight.
+	MaxBatch = 10_000
 )
 
 // Errors, checked with errors.Is. Input errors are returned before anything
@@ -63,6 +68,9 @@ var (
 	// ErrSchemaMissing: the tables or functions are not there; apply the
 	// schema (Config.SkipApply unset, or schema.Apply, or `make schema`).
 	ErrSchemaMissing = errors.New("pgtransport: schema not applied")
+	// ErrInvalidBatch: a batch that is empty where it must not be, larger
+	// than MaxBatch, or a batch size out of range.
+	ErrInvalidBatch = errors.New("pgtransport: invalid batch")
 	// ErrClosed: the transport was closed.
 	ErrClosed = errors.New("pgtransport: transport closed")
 )
@@ -76,6 +84,17 @@ type Lease struct {
 	Event  string
 	Token  string    // workerID:uuid, unique to this claim
 	Expiry time.Time // when the lease lapses, by the clock that granted it
+	// Kept counts the messages of Group this lease took in a row before
+	// this one (an ack that keeps a hot group hands on the lease with Kept
+	// one higher). 0 for a fresh claim.
+	Kept int
+}
+
+// Message is one message of a batch publish.
+type Message struct {
+	Group    string
+	Event    string
+	Priority int // used only if the message creates its group
 }
 
 // Config configures a transport. The zero value works: objects in the
@@ -119,4 +138,12 @@ type Config struct {
 	// another process while the consumer slept, a notification lost while
 	// the listener reconnected). 0 means DefaultIdleSweep.
 	IdleSweep time.Duration
+
+	// MaxKeep bounds how many messages of one group a lease may take in a
+	// row when an ack keeps it (sync AckNext; async streams always try):
+	// a hot group is served without a claim per message, and after MaxKeep
+	// it goes back to the round-robin, so other groups are not starved.
+	// Higher: more throughput on hot groups, a longer wait for the others.
+	// 0 means DefaultMaxKeep; -1 never keeps.
+	MaxKeep int
 }

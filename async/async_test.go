@@ -57,6 +57,31 @@ func (b blocking) Extend(ctx context.Context, l *pgtransport.Lease, visibility t
 	return <-b.t.Extend(ctx, l, visibility)
 }
 
+func (b blocking) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	r := <-b.t.PublishMany(ctx, msgs)
+	return r.Value, r.Err
+}
+
+func (b blocking) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) ([]*pgtransport.Lease, error) {
+	r := <-b.t.ClaimMany(ctx, workerID, visibility, minPriority, max)
+	return r.Value, r.Err
+}
+
+func (b blocking) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error) {
+	r := <-b.t.AckMany(ctx, leases)
+	return r.Value, r.Err
+}
+
+func (b blocking) AckNext(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
+	r := <-b.t.AckNext(ctx, l, visibility)
+	return r.Value, r.Err
+}
+
+func (b blocking) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	r := <-b.t.ClaimWait(ctx, workerID, visibility, minPriority)
+	return r.Value, r.Err
+}
+
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) *async.Transport {
 	t.Helper()
 	tr, err := async.New(context.Background(), db.(*pgxpool.Pool), cfg)
@@ -128,6 +153,12 @@ func resultType(v reflect.Type) (reflect.Type, bool) {
 		return reflect.TypeFor[async.Result[int64]](), true
 	case reflect.TypeFor[*pgtransport.Lease]():
 		return reflect.TypeFor[async.Result[*pgtransport.Lease]](), true
+	case reflect.TypeFor[[]int64]():
+		return reflect.TypeFor[async.Result[[]int64]](), true
+	case reflect.TypeFor[[]*pgtransport.Lease]():
+		return reflect.TypeFor[async.Result[[]*pgtransport.Lease]](), true
+	case reflect.TypeFor[[]error]():
+		return reflect.TypeFor[async.Result[[]error]](), true
 	}
 	return nil, false
 }

@@ -24,9 +24,9 @@ type StreamConfig struct {
 	// MinPriority is the priority floor: only groups at or above it.
 	MinPriority int
 	// MaxInFlight bounds the leases the stream holds at once: received and
-	// not yet acked or nacked, plus the one (at most) waiting to be
-	// received. So it is also how many groups the stream draws from at
-	// once. 0 means 1.
+	// not yet acked or nacked, plus those claimed and waiting in C. So it
+	// is also how many groups the stream draws from at once, and the most
+	// it claims in one round-trip. 0 means 1; at most pgtransport.MaxBatch.
 	MaxInFlight int
 	// OnError, if set, is told of each error the stream recovers from (it
 	// retries with backoff). It runs on the stream's goroutine and must not
@@ -34,57 +34,84 @@ type StreamConfig struct {
 	OnError func(error)
 }
 
-// Stream delivers leases on a channel as groups become claimable. It claims
-// only while it holds fewer than MaxInFlight leases: a lease counts from its
-// claim until the receiver acks or nacks it through the Transport, or its
-// visibility runs out. A lease nobody receives within half its visibility
-// is given back (nack with no delay) before it can lapse unseen.
+// Stream delivers leases on a channel as groups become claimable.
+//
+// One goroutine drives it, one round-trip at a time: each round-trip acks
+// the leases its receivers acked since the last one (Transport.Ack on a
+// lease from a stream joins that batch; its channel delivers once the batch
+// commits, so an ack waits for at most the round-trip in flight plus its
+// own) and claims as many groups as there are free slots. An acked lease
+// whose group has more messages is kept, up to Config.MaxKeep in a row, and
+// the group's next message is delivered under the same token without a new
+// claim.
+//
+// It holds at most MaxInFlight leases: a lease counts from its claim until
+// it is acked or nacked through the Transport or its visibility runs out.
+// C is buffered (MaxInFlight); a lease that waits there unreceived for half
+// its visibility is given back (nack with no delay) before it can lapse.
 //
 // While idle it waits, without polling, for the first of: a notification of
 // a new group (LISTEN/NOTIFY), an ack, nack or publish through the same
-// Transport, the earliest lease or park it saw when it went idle running
-// out, and Config.IdleSweep.
+// Transport that may have freed work, the earliest lease or park it saw
+// when it went idle running out, and Config.IdleSweep.
 type Stream struct {
 	t      *Transport
 	cfg    StreamConfig
 	out    chan *pgtransport.Lease
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns, after out
-	kick   chan struct{} // in-process wake-ups; holds at most one
 	sub    *notify.Subscription
-	waiter string // this stream's row in transport_waiters
+	waiter string        // this stream's row in transport_waiters
+	signal chan struct{} // acks queued; holds at most one
 
-	mu   stdsync.Mutex
-	held map[string]time.Time // token -> when its lease lapses, by this process's clock
-	free chan struct{}        // a slot came free; holds at most one
-	err  error
+	mu        stdsync.Mutex
+	accepting bool                 // acks may join the next batch
+	acks      []ackRequest         // waiting for the next round-trip
+	held      map[leaseKey]holding // leases counting against MaxInFlight
+	err       error
+}
+
+// leaseKey names a lease: a batch claim gives all its leases one token.
+type leaseKey struct{ token, group string }
+
+func keyOf(l *pgtransport.Lease) leaseKey { return leaseKey{l.Token, l.Group} }
+
+type holding struct {
+	lease    *pgtransport.Lease
+	lapses   time.Time // by this process's clock
+	giveBack time.Time // if still unreceived in C then
+}
+
+type ackRequest struct {
+	lease *pgtransport.Lease
+	done  chan error
 }
 
 // Stream starts a consumer of leases for cfg.WorkerID. It runs until ctx
-// ends, Close, or the Transport closes; then it gives back a lease it had
-// claimed but not delivered, closes the channel and records why in Err.
-// Errors from the database are retried with backoff; only ErrSchemaMissing
-// ends the stream.
+// ends, Close, or the Transport closes; then it acks what its receivers
+// acked, gives back the leases still waiting in C, closes C and records why
+// in Err. Errors from the database are retried with backoff; only
+// ErrSchemaMissing ends the stream.
 func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	if err := core.CheckClaim(cfg.WorkerID, cfg.Visibility, cfg.MinPriority); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
-	if cfg.MaxInFlight < 0 {
-		return nil, fmt.Errorf("stream: %w: MaxInFlight %d", pgtransport.ErrInvalidConfig, cfg.MaxInFlight)
+	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > pgtransport.MaxBatch {
+		return nil, fmt.Errorf("stream: %w: MaxInFlight %d, want 0 to %d", pgtransport.ErrInvalidConfig, cfg.MaxInFlight, pgtransport.MaxBatch)
 	}
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 1)
-	s := &Stream{
-		t:      t,
-		cfg:    cfg,
-		out:    make(chan *pgtransport.Lease),
-		done:   make(chan struct{}),
-		kick:   make(chan struct{}, 1),
-		waiter: core.NewToken(cfg.WorkerID),
-		held:   map[string]time.Time{},
-		free:   make(chan struct{}, 1),
-	}
 	if t.isClosed() {
 		return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed)
+	}
+	s := &Stream{
+		t:         t,
+		cfg:       cfg,
+		out:       make(chan *pgtransport.Lease, cfg.MaxInFlight),
+		done:      make(chan struct{}),
+		signal:    make(chan struct{}, 1),
+		waiter:    core.NewToken(cfg.WorkerID),
+		accepting: true,
+		held:      map[leaseKey]holding{},
 	}
 	if t.listener != nil {
 		sub, err := t.listener.Subscribe(t.channel)
@@ -107,7 +134,6 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 		}
 		return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed)
 	}
-	t.streams[s] = struct{}{}
 	t.wg.Add(1)
 	t.mu.Unlock()
 	go func() {
@@ -140,8 +166,9 @@ func (s *Stream) Ready() <-chan struct{} {
 	return s.sub.Ready()
 }
 
-// Close stops the stream and waits for it: a lease claimed and not yet
-// received is given back, and C is closed. Safe to call twice.
+// Close stops the stream and waits for it: acks already asked for are
+// done, leases waiting in C are given back, and C is closed. Safe to call
+// twice.
 func (s *Stream) Close() {
 	s.stop(pgtransport.ErrClosed)
 	s.cancel()
@@ -156,29 +183,43 @@ func (s *Stream) stop(err error) {
 	s.mu.Unlock()
 }
 
-func (s *Stream) wake() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
-}
-
-// release frees the slot of a settled lease.
-func (s *Stream) release(token string) {
-	s.mu.Lock()
-	delete(s.held, token)
-	s.mu.Unlock()
-	select {
-	case s.free <- struct{}{}:
-	default:
-	}
-}
-
-func (s *Stream) extend(token string, until time.Time) {
+// enqueue adds an ack of l to the next batch; false if the stream no
+// longer takes acks (the caller acks on its own).
+func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.held[token]; ok {
-		s.held[token] = until
+	if !s.accepting {
+		return nil, false
+	}
+	if _, ok := s.held[keyOf(l)]; !ok {
+		return nil, false // not ours (any more): lapsed, or already settled
+	}
+	done := make(chan error, 1)
+	s.acks = append(s.acks, ackRequest{lease: l, done: done})
+	select {
+	case s.signal <- struct{}{}:
+	default:
+	}
+	return done, true
+}
+
+// release frees the slot of a lease settled outside a batch (a nack).
+func (s *Stream) release(l *pgtransport.Lease) {
+	s.mu.Lock()
+	delete(s.held, keyOf(l))
+	s.mu.Unlock()
+	select {
+	case s.signal <- struct{}{}: // a slot came free
+	default:
+	}
+}
+
+func (s *Stream) extend(l *pgtransport.Lease, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok := s.held[keyOf(l)]; ok {
+		h.lapses = until
+		s.held[keyOf(l)] = h
 	}
 }
 
@@ -190,16 +231,35 @@ func (s *Stream) run(ctx, parent context.Context) {
 	var (
 		sleepy bool // the last claim found nothing: look (and arm) before the next
 		armed  bool // our waiter row may exist
+		idle   bool // sleeping until a wake-up
 		next   time.Time
+		ticket *core.Ticket
 		retry  = newRetry()
 	)
-	for {
-		if !s.waitSlot(ctx) {
-			return
+	defer func() {
+		if ticket != nil {
+			ticket.Done()
 		}
-		if sleepy {
+	}()
+	for {
+		acks, free := s.take()
+		if idle && len(acks) == 0 {
+			if !s.sleep(ctx, next, ticket) {
+				return
+			}
+			idle = false
+			continue
+		}
+		if len(acks) == 0 && free == 0 {
+			if !s.waitSlot(ctx) {
+				return
+			}
+			continue
+		}
+		if sleepy && free > 0 {
 			d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
 			if err != nil {
+				s.requeue(acks)
 				if !s.recover(ctx, err, retry) {
 					return
 				}
@@ -210,9 +270,12 @@ func (s *Stream) run(ctx, parent context.Context) {
 			if ok {
 				next = time.Now().Add(d)
 			}
+			if ticket != nil {
+				ticket.Done()
+			}
+			ticket = s.t.parking.Ticket() // before the claim: a wake-up after it is not lost
 		}
-		start := time.Now()
-		l, err := s.claim(ctx)
+		got, err := s.exchange(ctx, acks, free)
 		if err != nil {
 			if !s.recover(ctx, err, retry) {
 				return
@@ -220,41 +283,126 @@ func (s *Stream) run(ctx, parent context.Context) {
 			continue
 		}
 		retry.Reset()
-		if l == nil {
-			if !sleepy {
-				sleepy = true // look, arm, and claim once more before sleeping
-				continue
+		switch {
+		case got > 0:
+			if armed {
+				if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
+					s.report(err) // harmless: the row only makes publishers notify until it lapses
+				}
+				armed = false
 			}
-			if !s.sleep(ctx, next) {
-				return
+			sleepy = false
+			if ticket != nil {
+				ticket.Done()
+				ticket = nil
 			}
-			continue
+		case free > 0 && !sleepy:
+			sleepy = true // look, arm, and claim once more before sleeping
+		case free > 0:
+			idle = true
 		}
-		if armed {
-			if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
-				s.report(err) // harmless: the row only makes publishers notify until it lapses
-			}
-			armed = false
-		}
-		sleepy = false
-		if !s.deliver(ctx, l, start) {
+		if ctx.Err() != nil {
 			return
 		}
 	}
 }
 
-// claim claims one lease. The stream stopping does not cancel it: a claim
-// cut off mid-way may have taken a lease we would never learn of, held
-// until its visibility runs out. A claim that lands after the stop is given
-// back by deliver.
-func (s *Stream) claim(ctx context.Context) (*pgtransport.Lease, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-	defer cancel()
-	return s.t.core.Claim(ctx, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority)
+// take returns the acks queued for this round-trip (they free their slots
+// in it) and how many leases it may claim.
+func (s *Stream) take() ([]ackRequest, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	acks := s.acks
+	s.acks = nil
+	s.expire(time.Now())
+	free := s.cfg.MaxInFlight - len(s.held)
+	for _, a := range acks {
+		if _, ok := s.held[keyOf(a.lease)]; ok {
+			free++ // settled in this round-trip
+		}
+	}
+	return acks, free
 }
 
-// claimTimeout bounds one claim round-trip of a stream.
-const claimTimeout = 30 * time.Second
+// requeue puts acks back for the next round-trip after a failed one.
+func (s *Stream) requeue(acks []ackRequest) {
+	s.mu.Lock()
+	s.acks = append(acks, s.acks...)
+	s.mu.Unlock()
+}
+
+// expire drops leases whose visibility ran out: their groups are claimable
+// again, not ours. s.mu is held.
+func (s *Stream) expire(now time.Time) {
+	for k, h := range s.held {
+		if !h.lapses.After(now) {
+			delete(s.held, k)
+			s.t.leases.Delete(k)
+		}
+	}
+}
+
+// exchange settles acks and claims up to limit leases (kept ones count),
+// queues the new leases in C and delivers each ack's result. It returns how
+// many leases it added. The stream stopping does not cancel it: a
+// round-trip cut off mid-way would leave acks and leases in doubt.
+func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (int, error) {
+	leases := make([]*pgtransport.Lease, len(acks))
+	for i, a := range acks {
+		leases[i] = a.lease
+	}
+	if ctx.Err() != nil {
+		limit = 0 // stopping: settle only
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTripTimeout)
+	defer cancel()
+	start := time.Now()
+	settled, claimed, err := s.t.core.Exchange(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
+	if err != nil {
+		if len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch) {
+			s.answer(acks, err) // cannot succeed on a retry
+			return 0, nil
+		}
+		s.requeue(acks)
+		return 0, err
+	}
+	lapses := start.Add(s.cfg.Visibility)
+	giveBack := start.Add(s.cfg.Visibility / 2)
+	var fresh []*pgtransport.Lease
+	freed := 0
+	s.mu.Lock()
+	for i, st := range settled {
+		delete(s.held, keyOf(st.Lease))
+		if st.Next != nil {
+			fresh = append(fresh, st.Next)
+		} else if st.Err == nil {
+			freed++
+		}
+		acks[i].done <- st.Err
+	}
+	fresh = append(fresh, claimed...)
+	for _, l := range fresh {
+		s.held[keyOf(l)] = holding{lease: l, lapses: lapses, giveBack: giveBack}
+		s.t.leases.Store(keyOf(l), s)
+	}
+	s.mu.Unlock()
+	for _, l := range fresh {
+		s.out <- l // never blocks: C holds MaxInFlight and so do we
+	}
+	if freed > 0 {
+		s.t.parking.Wake(freed) // groups freed with messages left, maybe: for other waiters here
+	}
+	return len(fresh), nil
+}
+
+func (s *Stream) answer(acks []ackRequest, err error) {
+	for _, a := range acks {
+		a.done <- err
+	}
+}
+
+// roundTripTimeout bounds one round-trip of a stream.
+const roundTripTimeout = 30 * time.Second
 
 // waiterName is the waiter row to arm: none without notifications.
 func (s *Stream) waiterName() string {
@@ -268,97 +416,120 @@ func (s *Stream) waiterName() string {
 // the row lapses soon after a consumer dies without removing it.
 func (s *Stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
 
-// waitSlot waits until the stream holds fewer than MaxInFlight leases.
+// waitSlot waits, with every slot taken, for an ack, a nack, a lapse or a
+// give-back.
 func (s *Stream) waitSlot(ctx context.Context) bool {
-	for {
-		s.mu.Lock()
-		now := time.Now()
-		var first time.Time
-		for tok, until := range s.held {
-			if !until.After(now) {
-				delete(s.held, tok) // lapsed: the group is claimable again, not ours
-				s.t.leases.Delete(tok)
-				continue
-			}
-			if first.IsZero() || until.Before(first) {
-				first = until
-			}
-		}
-		n := len(s.held)
-		s.mu.Unlock()
-		if n < s.cfg.MaxInFlight {
-			return true
-		}
-		timer := time.NewTimer(time.Until(first))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return false
-		case <-s.free:
-		case <-timer.C:
-		}
-		timer.Stop()
+	timer := time.NewTimer(s.nextDeadline())
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.signal:
+	case <-timer.C:
+		s.giveBackStale(ctx)
 	}
+	return true
+}
+
+// nextDeadline is how long until a held lease lapses or one waiting in C
+// is due to be given back.
+func (s *Stream) nextDeadline() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first := time.Now().Add(time.Hour)
+	for _, h := range s.held {
+		first = minTime(first, minTime(h.lapses, h.giveBack))
+	}
+	return max(time.Until(first), 0)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// giveBackStale takes back from C the leases that waited there too long
+// and nacks them; the rest go back into C.
+func (s *Stream) giveBackStale(ctx context.Context) {
+	now := time.Now()
+	var stale, keep []*pgtransport.Lease
+	for {
+		select {
+		case l := <-s.out:
+			s.mu.Lock()
+			h, ok := s.held[keyOf(l)]
+			s.mu.Unlock()
+			if ok && !h.giveBack.After(now) {
+				stale = append(stale, l)
+			} else {
+				keep = append(keep, l)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	for _, l := range keep {
+		s.out <- l
+	}
+	s.nackAll(ctx, stale)
+	s.mu.Lock()
+	for k, h := range s.held { // received long ago: no give-back for those
+		if !h.giveBack.After(now) {
+			h.giveBack = h.lapses
+			s.held[k] = h
+		}
+	}
+	s.mu.Unlock()
+}
+
+// nackAll gives leases back with no delay: each group is first in line
+// again with the same head. It runs even when ctx has ended.
+func (s *Stream) nackAll(ctx context.Context, leases []*pgtransport.Lease) {
+	if len(leases) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, l := range leases {
+		s.mu.Lock()
+		delete(s.held, keyOf(l))
+		s.mu.Unlock()
+		s.t.leases.Delete(keyOf(l))
+		if err := s.t.core.Nack(ctx, l, 0); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
+			s.report(err) // it comes back after its visibility instead
+		}
+	}
+	s.t.parking.Wake(len(leases))
 }
 
 // sleep waits for a reason to claim again; false when ctx ended.
-func (s *Stream) sleep(ctx context.Context, next time.Time) bool {
-	d := s.t.cfg.IdleSweep
+func (s *Stream) sleep(ctx context.Context, next time.Time, ticket *core.Ticket) bool {
+	d := min(s.t.cfg.IdleSweep, s.nextDeadline())
 	if !next.IsZero() {
 		d = min(d, time.Until(next)+time.Millisecond)
 	}
 	timer := time.NewTimer(max(d, 0))
 	defer timer.Stop()
-	var notified <-chan struct{}
+	var notified, woken <-chan struct{}
 	if s.sub != nil {
 		notified = s.sub.C()
+	}
+	if ticket != nil {
+		woken = ticket.C()
 	}
 	select {
 	case <-ctx.Done():
 		return false
 	case <-notified:
-	case <-s.kick:
+	case <-woken:
+	case <-s.signal:
 	case <-timer.C:
+		s.giveBackStale(ctx)
 	}
 	return true
-}
-
-// deliver hands l to the receiver. It counts against MaxInFlight from now;
-// if nobody receives it within half its visibility, or the stream stops
-// first, it is given back.
-func (s *Stream) deliver(ctx context.Context, l *pgtransport.Lease, claimed time.Time) bool {
-	s.mu.Lock()
-	s.held[l.Token] = claimed.Add(s.cfg.Visibility)
-	s.mu.Unlock()
-	s.t.leases.Store(l.Token, s) // before the receiver can settle it
-	if ctx.Err() != nil {
-		s.giveBack(ctx, l) // claimed as the stream stopped
-		return false
-	}
-	timer := time.NewTimer(time.Until(claimed.Add(s.cfg.Visibility / 2)))
-	defer timer.Stop()
-	select {
-	case s.out <- l:
-		return true
-	case <-timer.C:
-		s.giveBack(ctx, l)
-		return true
-	case <-ctx.Done():
-		s.giveBack(ctx, l)
-		return false
-	}
-}
-
-// giveBack nacks an undelivered lease with no delay: its group is first in
-// line again with the same head. It runs even when ctx has ended.
-func (s *Stream) giveBack(ctx context.Context, l *pgtransport.Lease) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	s.t.leases.Delete(l.Token)
-	s.release(l.Token)
-	if err := s.t.core.Nack(ctx, l, 0); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
-		s.report(err) // it comes back after its visibility instead
-	}
 }
 
 // recover decides after a database error: false ends the stream.
@@ -387,22 +558,41 @@ func (s *Stream) report(err error) {
 	}
 }
 
-// finish runs as the stream stops: it records why, withdraws the waiter row
-// and the subscription, and leaves the Transport.
+// finish runs as the stream stops: it stops taking acks and settles those
+// queued, gives back the leases still in C, records why it stopped, and
+// withdraws the waiter row and the subscription.
 func (s *Stream) finish(parent context.Context) {
 	if err := parent.Err(); err != nil && s.t.ctx.Err() == nil {
 		s.stop(err)
 	}
 	s.stop(pgtransport.ErrClosed) // if nothing else was recorded
+	s.mu.Lock()
+	s.accepting = false
+	acks := s.acks
+	s.acks = nil
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), roundTripTimeout)
+	defer cancel()
+	if len(acks) > 0 {
+		if _, err := s.exchange(ctx, acks, 0); err != nil {
+			s.answer(acks, err)
+		}
+	}
+	var waiting []*pgtransport.Lease
+	for {
+		select {
+		case l := <-s.out:
+			waiting = append(waiting, l)
+			continue
+		default:
+		}
+		break
+	}
+	s.nackAll(ctx, waiting)
 	if s.sub != nil {
 		s.sub.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = s.t.core.Unwait(ctx, s.waiter) // best effort: the row lapses anyway
-		cancel()
 	}
-	s.t.mu.Lock()
-	delete(s.t.streams, s)
-	s.t.mu.Unlock()
 	s.cancel() // unhooks ctx from the Transport's
 }
 

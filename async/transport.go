@@ -2,6 +2,7 @@ package async
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	stdsync "sync"
 	"time"
@@ -39,8 +40,8 @@ type Transport struct {
 	mu      stdsync.Mutex
 	closed  bool
 	wg      stdsync.WaitGroup // every goroutine the Transport started
-	streams map[*Stream]struct{}
-	leases  stdsync.Map // token -> *Stream, for leases a Stream delivered and nobody settled yet
+	leases  stdsync.Map       // leaseKey -> *Stream, for leases a Stream holds
+	parking core.Parking      // idle streams and ClaimWait callers of this Transport
 }
 
 // New returns a Transport on pool. Unless cfg.SkipApply, it first brings the
@@ -55,7 +56,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{core: c, pool: pool, cfg: c.Config(), streams: map[*Stream]struct{}{}}
+	t := &Transport{core: c, pool: pool, cfg: c.Config()}
 	if !t.cfg.DisableNotify {
 		if t.channel, err = c.Channel(ctx); err != nil {
 			return nil, err
@@ -113,7 +114,7 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
 		seq, err := t.core.Publish(ctx, t.pool, group, event, priority)
 		if err == nil {
-			t.kick()
+			t.parking.Wake(1)
 		}
 		return seq, err
 	})
@@ -143,17 +144,49 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 
 // Ack deletes the lease's message and frees its group for the next claim (or
 // deletes the group's row when it has no message left). ErrLeaseLost if the
-// lease no longer holds. A stream that delivered the lease gets its slot
-// back. One round-trip; acks are not batched.
+// lease no longer holds. One round-trip; but the ack of a lease a Stream
+// delivered joins that stream's next round-trip, which settles all acks
+// queued since the last one and claims more in the same transaction (so its
+// result may wait for the round-trip in flight).
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
-	return settle(t, ctx, lease, func(ctx context.Context) error { return t.core.Ack(ctx, lease) })
+	return callErr(t, ctx, func(ctx context.Context) error {
+		if lease != nil {
+			if s, ok := t.leases.Load(keyOf(lease)); ok {
+				if done, ok := s.(*Stream).enqueue(lease); ok {
+					select {
+					case err := <-done:
+						return err
+					case <-ctx.Done():
+						return fmt.Errorf("ack: %w (the ack is queued and may yet be done)", ctx.Err())
+					}
+				}
+			}
+		}
+		err := t.core.Ack(ctx, lease)
+		if lease != nil {
+			t.leases.Delete(keyOf(lease))
+		}
+		if err == nil {
+			t.parking.Wake(1) // the group may be claimable again
+		}
+		return err
+	})
 }
 
 // Nack gives the lease back without deleting the message: delay > 0 parks
 // the group until now+delay, delay == 0 frees it at once, first in line.
 // ErrLeaseLost if the lease no longer holds. One round-trip.
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error {
-	return settle(t, ctx, lease, func(ctx context.Context) error { return t.core.Nack(ctx, lease, delay) })
+	return callErr(t, ctx, func(ctx context.Context) error {
+		err := t.core.Nack(ctx, lease, delay)
+		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
+			t.forget(lease)
+		}
+		if err == nil {
+			t.parking.Wake(1) // freed now, or a park that idle waiters must time
+		}
+		return err
+	})
 }
 
 // Extend makes the lease hold until now+visibility. ErrLeaseLost if the
@@ -163,29 +196,87 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 		start := time.Now()
 		err := t.core.Extend(ctx, lease, visibility)
 		if err == nil {
-			if s, ok := t.leases.Load(lease.Token); ok {
-				s.(*Stream).extend(lease.Token, start.Add(visibility))
+			if s, ok := t.leases.Load(keyOf(lease)); ok {
+				s.(*Stream).extend(lease, start.Add(visibility))
 			}
 		}
 		return err
 	})
 }
 
-// settle runs an ack or nack, then frees the lease's stream slot and wakes
-// the idle streams of this process: the group may be claimable again.
-func settle(t *Transport, ctx context.Context, lease *pgtransport.Lease, f func(context.Context) error) <-chan error {
-	return callErr(t, ctx, func(ctx context.Context) error {
-		err := f(ctx)
-		if lease != nil {
-			if s, ok := t.leases.LoadAndDelete(lease.Token); ok {
-				s.(*Stream).release(lease.Token)
-			}
-		}
+// PublishMany appends every message in one round-trip, in slice order, and
+// delivers their seqs in that order; as sync.Transport.PublishMany.
+func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
+	return call(t, ctx, func(ctx context.Context) ([]int64, error) {
+		seqs, err := t.core.PublishMany(ctx, t.pool, msgs)
 		if err == nil {
-			t.kick()
+			t.parking.Wake(len(msgs))
 		}
-		return err
+		return seqs, err
 	})
+}
+
+// ClaimWait delivers a lease once one is claimable, or ctx's error; as
+// sync.Transport.ClaimWait (a Stream also wakes on notifications).
+func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
+	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
+		return t.core.ClaimWait(ctx, &t.parking, workerID, visibility, minPriority)
+	})
+}
+
+// ClaimMany leases up to max groups in one round-trip; as
+// sync.Transport.ClaimMany.
+func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) <-chan Result[[]*pgtransport.Lease] {
+	return call(t, ctx, func(ctx context.Context) ([]*pgtransport.Lease, error) {
+		return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
+	})
+}
+
+// AckMany settles leases in one round-trip, with an entry per lease (nil or
+// ErrLeaseLost); as sync.Transport.AckMany.
+func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan Result[[]error] {
+	return call(t, ctx, func(ctx context.Context) ([]error, error) {
+		settled, err := t.core.AckMany(ctx, leases, false, time.Second)
+		if err != nil {
+			return nil, err
+		}
+		errs := make([]error, len(settled))
+		for i, st := range settled {
+			errs[i] = st.Err
+			t.forget(st.Lease)
+		}
+		t.parking.Wake(len(settled))
+		return errs, nil
+	})
+}
+
+// AckNext acks the lease and delivers the group's next message under the
+// same lease when it keeps the group; as sync.Transport.AckNext.
+func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan Result[*pgtransport.Lease] {
+	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
+		start := time.Now()
+		next, err := t.core.AckNext(ctx, lease, visibility)
+		switch {
+		case next != nil:
+			if s, ok := t.leases.Load(keyOf(lease)); ok {
+				s.(*Stream).extend(lease, start.Add(visibility)) // the same lease, on
+			}
+		case err == nil || errors.Is(err, pgtransport.ErrLeaseLost):
+			t.forget(lease)
+			t.parking.Wake(1)
+		}
+		return next, err
+	})
+}
+
+// forget frees the stream slot of a lease settled outside its stream.
+func (t *Transport) forget(l *pgtransport.Lease) {
+	if l == nil {
+		return
+	}
+	if s, ok := t.leases.LoadAndDelete(keyOf(l)); ok {
+		s.(*Stream).release(l)
+	}
 }
 
 // call runs f on its own goroutine, owned by t, and delivers the result on a buffered channel.
@@ -240,16 +331,6 @@ func (t *Transport) bind(ctx context.Context) (context.Context, context.CancelFu
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(t.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
-}
-
-// kick wakes every idle stream of this Transport: a group may have become
-// claimable without a new group row, which no notification announces.
-func (t *Transport) kick() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for s := range t.streams {
-		s.wake()
-	}
 }
 
 // sharedListeners holds one notify.Listener per pool, shared by every

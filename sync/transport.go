@@ -19,8 +19,9 @@ type DBTX = core.DBTX
 // Transport is the blocking transport. It is safe for concurrent use when its
 // DBTX is (a pool is).
 type Transport struct {
-	core  *core.Core
-	owned *pgxpool.Pool // closed by Close; set by FromDSN only
+	core    *core.Core
+	owned   *pgxpool.Pool // closed by Close; set by FromDSN only
+	parking core.Parking  // ClaimWait callers
 }
 
 // New returns a Transport on db. Unless cfg.SkipApply, it first brings the
@@ -62,7 +63,24 @@ func (t *Transport) Close() {
 // priority (0-4); an existing one keeps its priority and any live lease. One
 // round-trip.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
-	return t.core.Publish(ctx, t.db(), group, event, priority)
+	seq, err := t.core.Publish(ctx, t.db(), group, event, priority)
+	if err == nil {
+		t.parking.Wake(1)
+	}
+	return seq, err
+}
+
+// PublishMany appends every message in one round-trip, in slice order (so
+// in order within each group), and returns their seqs in that order. A
+// message that creates its group gives it its priority. A batch is 1 to
+// pgtransport.MaxBatch messages; one bad message refuses the whole batch
+// with a typed error naming it, and nothing is written.
+func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	seqs, err := t.core.PublishMany(ctx, t.db(), msgs)
+	if err == nil {
+		t.parking.Wake(len(msgs))
+	}
+	return seqs, err
 }
 
 // PublishTx is Publish inside the caller's transaction: the message commits
@@ -86,7 +104,60 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // deletes the group's row when it has no message left). ErrLeaseLost if the
 // lease no longer holds. One round-trip.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
-	return t.core.Ack(ctx, lease)
+	err := t.core.Ack(ctx, lease)
+	if err == nil {
+		t.parking.Wake(1)
+	}
+	return err
+}
+
+// ClaimWait is Claim that waits for work instead of returning nil: it
+// blocks until it holds a lease, or returns ctx's error. Idle callers park
+// rather than spin: an ack, nack or publish through this Transport wakes
+// one of them; otherwise they look again when the earliest lease or park
+// among claimable groups runs out, and at most every Config.IdleSweep (new
+// work from other processes is found then; async streams wake on
+// notifications instead).
+func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	return t.core.ClaimWait(ctx, &t.parking, workerID, visibility, minPriority)
+}
+
+// ClaimMany leases up to max claimable groups (1 to pgtransport.MaxBatch)
+// in one round-trip and returns the head of each, served longest ago
+// first; empty when nothing is claimable. The leases share one token; each
+// is fenced on its own group.
+func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) ([]*pgtransport.Lease, error) {
+	return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
+}
+
+// AckMany settles leases in one round-trip, each fenced on its own token.
+// The result has an entry per lease: nil, or ErrLeaseLost where that lease
+// no longer held (nothing changed for it). The error is for the call.
+func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error) {
+	settled, err := t.core.AckMany(ctx, leases, false, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(settled))
+	for i, s := range settled {
+		errs[i] = s.Err
+	}
+	t.parking.Wake(len(settled))
+	return errs, nil
+}
+
+// AckNext acks the lease and, when its group has another message and the
+// lease has taken fewer than Config.MaxKeep in a row, keeps the group: it
+// returns that next message under the same lease, held for visibility,
+// with no claim in between. Otherwise it returns nil and the group is
+// freed for the round-robin. ErrLeaseLost if the lease no longer held. One
+// round-trip: a hot group is served at one round-trip per message.
+func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
+	next, err := t.core.AckNext(ctx, lease, visibility)
+	if err == nil && next == nil {
+		t.parking.Wake(1)
+	}
+	return next, err
 }
 
 // Nack gives the lease back without deleting the message. delay > 0 parks the
@@ -94,7 +165,11 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
 // it); delay == 0 frees it at once, first in line. ErrLeaseLost if the lease
 // no longer holds. One round-trip.
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) error {
-	return t.core.Nack(ctx, lease, delay)
+	err := t.core.Nack(ctx, lease, delay)
+	if err == nil {
+		t.parking.Wake(1)
+	}
+	return err
 }
 
 // Extend makes the lease hold until now+visibility, for handlers that run

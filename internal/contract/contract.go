@@ -27,6 +27,11 @@ type Transport interface {
 	Ack(ctx context.Context, lease *pgtransport.Lease) error
 	Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) error
 	Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) error
+	PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error)
+	ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) ([]*pgtransport.Lease, error)
+	AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error)
+	AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error)
+	ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error)
 }
 
 // Open returns the transport under test on db with cfg; the test owns it
@@ -352,8 +357,167 @@ var cases = []testCase{
 	}},
 
 	{"lost-publish race: publish during a draining ack never strands a message", func(is *is.I, e *env) {
-		is.NoErr(raceRounds(e, 2000))                                                                                                                       // every round delivered the racing publish
+		is.NoErr(raceRounds(e, 2000, e.tr.Ack))                                                                                                             // every round delivered the racing publish
 		is.Equal(e.count(`SELECT count(*) FROM transport_messages m WHERE NOT EXISTS (SELECT 1 FROM transport_groups g WHERE g.group_id = m.group_id)`), 0) // no message without a group row
+		m, g := e.rows()
+		is.Equal(m+g, 0)
+	}},
+
+	{"batch publish keeps order within groups and each group's first priority", func(is *is.I, e *env) {
+		seqs, err := e.tr.PublishMany(e.ctx(), []pgtransport.Message{
+			{Group: "a", Event: "a0", Priority: 2}, {Group: "b", Event: "b0"}, {Group: "a", Event: "a1", Priority: 4}, {Group: "a", Event: "a2"},
+		})
+		is.NoErr(err)
+		is.Equal(len(seqs), 4)
+		for i := 1; i < len(seqs); i++ {
+			is.True(seqs[i] > seqs[i-1]) // seqs in slice order
+		}
+		is.Equal(e.count(`SELECT priority FROM transport_groups WHERE group_id = 'a'`), 2) // a's first message set it
+		for _, want := range []string{"a0", "a1", "a2"} {
+			l := e.claim("w", 2)
+			is.Equal(l.Event, want) // FIFO within a
+			e.ack(l)
+		}
+	}},
+
+	{"claim many leases distinct groups, each to one holder", func(is *is.I, e *env) {
+		for g := range 5 {
+			e.publish(fmt.Sprint("g", g), "first", 0)
+			e.publish(fmt.Sprint("g", g), "second", 0)
+		}
+		first, err := e.tr.ClaimMany(e.ctx(), "w1", time.Minute, 0, 3)
+		is.NoErr(err)
+		is.Equal(len(first), 3)
+		rest, err := e.tr.ClaimMany(e.ctx(), "w2", time.Minute, 0, 10)
+		is.NoErr(err)
+		is.Equal(len(rest), 2) // only the groups w1 does not hold
+		seen := map[string]bool{}
+		for _, l := range append(first, rest...) {
+			is.True(!seen[l.Group]) // no group twice
+			seen[l.Group] = true
+			is.Equal(l.Event, "first") // each group's head
+		}
+		none, err := e.tr.ClaimMany(e.ctx(), "w3", time.Minute, 0, 10)
+		is.NoErr(err)
+		is.Equal(len(none), 0)
+		errs, err := e.tr.AckMany(e.ctx(), first)
+		is.NoErr(err)
+		is.Equal(errs, []error{nil, nil, nil})
+		again, err := e.tr.ClaimMany(e.ctx(), "w3", time.Minute, 0, 10)
+		is.NoErr(err)
+		is.Equal(len(again), 3)
+		for _, l := range again {
+			is.Equal(l.Event, "second") // acked heads are gone, the next ones follow
+		}
+	}},
+
+	{"ack many settles each lease on its own fence", func(is *is.I, e *env) {
+		e.publish("a", "a1", 0)
+		e.publish("b", "b1", 0)
+		ls, err := e.tr.ClaimMany(e.ctx(), "w1", 10*time.Second, 0, 2)
+		is.NoErr(err)
+		is.Equal(len(ls), 2)
+		e.clock.Advance(11 * time.Second) // both lapse; w2 takes one
+		stolen := e.claim("w2", 0)
+		errs, err := e.tr.AckMany(e.ctx(), ls)
+		is.NoErr(err)
+		lost := 0
+		for i, l := range ls {
+			if l.Group == stolen.Group {
+				is.True(errors.Is(errs[i], pgtransport.ErrLeaseLost)) // fenced off
+				lost++
+			} else {
+				is.NoErr(errs[i]) // a lapsed lease nobody took still holds
+			}
+		}
+		is.Equal(lost, 1)
+		e.ack(stolen) // the thief's lease was untouched
+		m, g := e.rows()
+		is.Equal(m+g, 0)
+	}},
+
+	{"ack next keeps a hot group for MaxKeep messages, then serves the others", func(is *is.I, e *env) {
+		for i := range pgtransport.DefaultMaxKeep + 4 {
+			e.publish("hot", event("hot", i), 0)
+		}
+		e.publish("cold", "c", 0)
+		l := e.claim("w", 0)
+		is.Equal(l.Group, "cold") // never-served groups in group id order
+		e.ack(l)
+		l = e.claim("w", 0)
+		is.Equal(l.Event, event("hot", 0))
+		taken := 1
+		for {
+			next, err := e.tr.AckNext(e.ctx(), l, time.Minute)
+			is.NoErr(err)
+			if next == nil {
+				break
+			}
+			is.Equal(next.Token, l.Token)             // the same lease, kept
+			is.Equal(next.Event, event("hot", taken)) // the group's next message, in order
+			is.Equal(next.Kept, taken)
+			l = next
+			taken++
+		}
+		is.Equal(taken, pgtransport.DefaultMaxKeep) // then the group goes back to the round-robin
+		is.Equal(e.claim("w2", 0).Event, event("hot", taken))
+	}},
+
+	{"claim wait parks until work arrives or ctx ends", func(is *is.I, e *env) {
+		got := make(chan *pgtransport.Lease, 1)
+		go func() {
+			l, err := e.tr.ClaimWait(e.ctx(), "w", time.Minute, 0)
+			if err != nil {
+				e.t.Error(err)
+			}
+			got <- l
+		}()
+		time.Sleep(50 * time.Millisecond) // it finds nothing and parks
+		e.publish("g", "e", 0)
+		select {
+		case l := <-got:
+			is.Equal(l.Event, "e")
+		case <-time.After(30 * time.Second):
+			e.t.Fatal("ClaimWait never woke")
+		}
+		ctx, cancel := context.WithTimeout(e.ctx(), 100*time.Millisecond)
+		defer cancel()
+		l, err := e.tr.ClaimWait(ctx, "w", time.Minute, 0)
+		is.True(l == nil)
+		is.True(errors.Is(err, context.DeadlineExceeded)) // ctx's end, not a nil lease
+	}},
+
+	{"batch bad input writes nothing", func(is *is.I, e *env) {
+		_, err := e.tr.PublishMany(e.ctx(), nil)
+		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
+		_, err = e.tr.PublishMany(e.ctx(), []pgtransport.Message{{Group: "ok", Event: "1"}, {Group: "", Event: "2"}})
+		is.True(errors.Is(err, pgtransport.ErrInvalidGroup))
+		_, err = e.tr.PublishMany(e.ctx(), []pgtransport.Message{{Group: "ok", Event: "1"}, {Group: "ok", Event: "2", Priority: 9}})
+		is.True(errors.Is(err, pgtransport.ErrInvalidPriority))
+		_, err = e.tr.PublishMany(e.ctx(), make([]pgtransport.Message, pgtransport.MaxBatch+1))
+		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
+		_, err = e.tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 0)
+		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
+		_, err = e.tr.ClaimMany(e.ctx(), "", time.Minute, 0, 1)
+		is.True(errors.Is(err, pgtransport.ErrInvalidWorkerID))
+		_, err = e.tr.AckMany(e.ctx(), []*pgtransport.Lease{nil})
+		is.True(errors.Is(err, pgtransport.ErrNilLease))
+		_, err = e.tr.AckMany(e.ctx(), nil)
+		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
+		_, err = e.tr.AckNext(e.ctx(), nil, time.Minute)
+		is.True(errors.Is(err, pgtransport.ErrNilLease))
+		m, g := e.rows()
+		is.Equal(m+g, 0) // nothing written
+	}},
+
+	{"lost-publish race, batch ack: publish during a draining AckMany never strands a message", func(is *is.I, e *env) {
+		is.NoErr(raceRounds(e, 1000, func(ctx context.Context, l *pgtransport.Lease) error {
+			errs, err := e.tr.AckMany(ctx, []*pgtransport.Lease{l})
+			if err != nil {
+				return err
+			}
+			return errs[0]
+		}))
 		m, g := e.rows()
 		is.Equal(m+g, 0)
 	}},
@@ -428,9 +592,10 @@ var cases = []testCase{
 	}},
 }
 
-// raceRounds publishes m1 to a group, claims it, then acks it while another
-// goroutine publishes m2 to the same group; m2 must then be claimable.
-func raceRounds(e *env, rounds int) error {
+// raceRounds publishes m1 to a group, claims it, then acks it (with ack)
+// while another goroutine publishes m2 to the same group; m2 must then be
+// claimable.
+func raceRounds(e *env, rounds int, ack func(context.Context, *pgtransport.Lease) error) error {
 	ctx := e.ctx()
 	for r := range rounds {
 		group := fmt.Sprintf("race-%d", r)
@@ -446,7 +611,7 @@ func raceRounds(e *env, rounds int) error {
 			_, err := e.tr.Publish(ctx, group, "m2", 0)
 			pubErr <- err
 		}()
-		if err := e.tr.Ack(ctx, l); err != nil {
+		if err := ack(ctx, l); err != nil {
 			return fmt.Errorf("round %d: ack: %w", r, err)
 		}
 		if err := <-pubErr; err != nil {

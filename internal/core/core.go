@@ -65,9 +65,13 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 || cfg.IdleSweep < 0 {
 		return cfg, fmt.Errorf("%w: MaxEventBytes, MaxConnectWait and IdleSweep must not be negative", pgtransport.ErrInvalidConfig)
 	}
+	if cfg.MaxKeep < -1 {
+		return cfg, fmt.Errorf("%w: MaxKeep %d, want -1 (never keep), 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.MaxKeep)
+	}
 	cfg.MaxEventBytes = cmp.Or(cfg.MaxEventBytes, pgtransport.DefaultMaxEventBytes)
 	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
 	cfg.IdleSweep = cmp.Or(cfg.IdleSweep, pgtransport.DefaultIdleSweep)
+	cfg.MaxKeep = cmp.Or(cfg.MaxKeep, pgtransport.DefaultMaxKeep)
 	return cfg, nil
 }
 

@@ -34,12 +34,25 @@ const (
 	unwaitSQL = `SELECT {s}harel_unwait($1::text)`
 
 	channelSQL = `SELECT {s}harel_channel()`
+
+	publishManySQL = `SELECT s FROM {s}harel_publish_many($1::text[], $2::text[], $3::int[]) AS s`
+
+	claimManySQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
+  FROM (SELECT ` + nowExpr + ` AS now) AS t,
+       LATERAL {s}harel_claim_many(t.now, t.now + $2::float8, $3::text, $4::int, $5::int) AS c`
+
+	// exchangeSQL settles ($6-$9) and claims ($3-$5) in one round-trip.
+	exchangeSQL = `SELECT e.kind::text, e.group_id, e.held, e.seq, e.event, t.now + $2::float8
+  FROM (SELECT ` + nowExpr + ` AS now) AS t,
+       LATERAL {s}harel_exchange(t.now, t.now + $2::float8, $3::text, $4::int, $5::int,
+                                 $6::text[], $7::bigint[], $8::text[], $9::bool[]) AS e`
 )
 
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	publish, claim, ack, nack, extend string
 	wait, unwait, channel             string
+	publishMany, claimMany, exchange  string
 }
 
 func newStatements(schema string) statements {
@@ -57,5 +70,9 @@ func newStatements(schema string) statements {
 		wait:    bind(waitSQL),
 		unwait:  bind(unwaitSQL),
 		channel: bind(channelSQL),
+
+		publishMany: bind(publishManySQL),
+		claimMany:   bind(claimManySQL),
+		exchange:    bind(exchangeSQL),
 	}
 }

@@ -1,0 +1,222 @@
+package core
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+// PublishMany appends every message in one round-trip, in slice order (so
+// in order within each group), and returns their seqs in the same order.
+// A message that creates its group gives it its priority.
+func (c *Core) PublishMany(ctx context.Context, db DBTX, msgs []pgtransport.Message) ([]int64, error) {
+	if err := checkBatch(len(msgs)); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	groups := make([]string, len(msgs))
+	events := make([]string, len(msgs))
+	prios := make([]int32, len(msgs))
+	for i, m := range msgs {
+		if err := cmp.Or(checkGroup(m.Group), c.checkEvent(m.Event), checkPriority(m.Priority)); err != nil {
+			return nil, fmt.Errorf("publish: message %d: %w", i, err)
+		}
+		groups[i], events[i], prios[i] = m.Group, m.Event, int32(m.Priority)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	rows, err := db.Query(ctx, c.q.publishMany, groups, events, prios)
+	if err != nil {
+		return nil, mapErr("publish", err)
+	}
+	seqs := make([]int64, 0, len(msgs))
+	for rows.Next() {
+		var s int64
+		if err := rows.Scan(&s); err != nil {
+			rows.Close()
+			return nil, mapErr("publish", err)
+		}
+		seqs = append(seqs, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, mapErr("publish", err)
+	}
+	return seqs, nil
+}
+
+// ClaimMany leases up to max claimable groups (priority >= minPriority,
+// served longest ago first) and returns the head of each, held for
+// visibility, all under one token. Empty when nothing is claimable.
+func (c *Core) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) ([]*pgtransport.Lease, error) {
+	if err := checkBatch(max); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	_, claimed, err := c.Exchange(ctx, nil, false, workerID, visibility, minPriority, max)
+	return claimed, err
+}
+
+// Settled is what an ack in a batch came to.
+type Settled struct {
+	Lease *pgtransport.Lease
+	Err   error              // nil, or ErrLeaseLost: the lease no longer held (nothing changed for it)
+	Next  *pgtransport.Lease // the group's next head under the same lease, if it was kept
+}
+
+// AckMany settles leases in one round-trip, each fenced on its own token.
+// With keep, a lease whose group has another message and that has taken
+// fewer than Config.MaxKeep in a row is kept (for visibility) and its next
+// head returned in Next.
+func (c *Core) AckMany(ctx context.Context, leases []*pgtransport.Lease, keep bool, visibility time.Duration) ([]Settled, error) {
+	if err := checkBatch(len(leases)); err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	settled, _, err := c.Exchange(ctx, leases, keep, "", visibility, 0, 0)
+	return settled, err
+}
+
+// Exchange is a worker's round-trip: settle acks (as AckMany) and lease up
+// to limit groups, fewer those kept (as ClaimMany, for workerID), in one
+// transaction.
+func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
+	if limit > 0 || workerID != "" {
+		if err := CheckClaim(workerID, visibility, minPriority); err != nil {
+			return nil, nil, fmt.Errorf("exchange: %w", err)
+		}
+	} else if err := checkVisibility(visibility); err != nil {
+		return nil, nil, fmt.Errorf("exchange: %w", err)
+	}
+	if limit < 0 || limit > pgtransport.MaxBatch || len(acks) > pgtransport.MaxBatch {
+		return nil, nil, fmt.Errorf("exchange: %w: %d acks, limit %d, the bound is %d", pgtransport.ErrInvalidBatch, len(acks), limit, pgtransport.MaxBatch)
+	}
+	n := len(acks)
+	groups, seqs, tokens, keeps := make([]string, n), make([]int64, n), make([]string, n), make([]bool, n)
+	for i, l := range acks {
+		if err := checkLease(l); err != nil {
+			return nil, nil, fmt.Errorf("exchange: lease %d: %w", i, err)
+		}
+		groups[i], seqs[i], tokens[i] = l.Group, l.Seq, l.Token
+		keeps[i] = keep && c.mayKeep(l)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("exchange: %w", err)
+	}
+	token := ""
+	if limit > 0 {
+		token = NewToken(workerID)
+	}
+	rows, err := c.db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps)
+	if err != nil {
+		return nil, nil, mapErr("exchange", err)
+	}
+	defer rows.Close()
+	var (
+		settled = make([]Settled, 0, n)
+		claimed []*pgtransport.Lease
+	)
+	for rows.Next() {
+		var (
+			kind, group string
+			held        bool
+			seq         *int64
+			event       *string
+			expiry      float64
+		)
+		if err := rows.Scan(&kind, &group, &held, &seq, &event, &expiry); err != nil {
+			return nil, nil, mapErr("exchange", err)
+		}
+		switch kind {
+		case "a":
+			i := len(settled)
+			if i >= n {
+				return nil, nil, fmt.Errorf("exchange: more results than acks")
+			}
+			s := Settled{Lease: acks[i]}
+			if !held {
+				s.Err = pgtransport.ErrLeaseLost
+			} else if seq != nil {
+				l := *acks[i]
+				l.Seq, l.Event, l.Expiry, l.Kept = *seq, *event, fromEpoch(expiry), acks[i].Kept+1
+				s.Next = &l
+			}
+			settled = append(settled, s)
+		case "c":
+			claimed = append(claimed, &pgtransport.Lease{Group: group, Seq: *seq, Event: *event, Token: token, Expiry: fromEpoch(expiry)})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, mapErr("exchange", err)
+	}
+	if len(settled) != n {
+		return nil, nil, fmt.Errorf("exchange: %d results for %d acks", len(settled), n)
+	}
+	return settled, claimed, nil
+}
+
+// mayKeep reports whether an ack may keep l's group for one more message.
+func (c *Core) mayKeep(l *pgtransport.Lease) bool {
+	return c.cfg.MaxKeep > 0 && l.Kept+1 < c.cfg.MaxKeep
+}
+
+func checkBatch(n int) error {
+	if n == 0 || n > pgtransport.MaxBatch {
+		return fmt.Errorf("%w: %d messages, want 1 to %d", pgtransport.ErrInvalidBatch, n, pgtransport.MaxBatch)
+	}
+	return nil
+}
+
+// ClaimWait is Claim that waits for work instead of returning nil. Between
+// empty claims it parks in p (woken by this process's acks, nacks and
+// publishes), until the earliest lease or park among the claimable groups
+// runs out, or for at most Config.IdleSweep. It returns ctx's error when
+// ctx ends.
+func (c *Core) ClaimWait(ctx context.Context, p *Parking, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	for {
+		ticket := p.Ticket() // before the claim: a wake-up after it is not lost
+		l, err := c.Claim(ctx, workerID, visibility, minPriority)
+		if l != nil || err != nil {
+			ticket.Done()
+			return l, err
+		}
+		d, ok, err := c.Wait(ctx, "", minPriority, 0)
+		if err != nil {
+			ticket.Done()
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		wait := c.cfg.IdleSweep
+		if ok {
+			wait = min(wait, d+time.Millisecond)
+		}
+		timer := time.NewTimer(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			ticket.Done()
+			return nil, fmt.Errorf("claim: %w", ctx.Err())
+		case <-ticket.C():
+		case <-timer.C:
+			ticket.Done()
+		}
+		timer.Stop()
+	}
+}
+
+// AckNext acks l and, if its group has another message and l has taken
+// fewer than Config.MaxKeep in a row, keeps the group under the same lease
+// for visibility and returns that next message; else nil (the group is
+// freed or, drained, deleted). One round-trip.
+func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
+	if err := checkLease(l); err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	settled, err := c.AckMany(ctx, []*pgtransport.Lease{l}, true, visibility)
+	if err != nil {
+		return nil, err
+	}
+	if err := settled[0].Err; err != nil {
+		return nil, fmt.Errorf("ack: %w", err)
+	}
+	return settled[0].Next, nil
+}

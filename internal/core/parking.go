@@ -1,0 +1,55 @@
+package core
+
+import stdsync "sync"
+
+// Parking holds callers waiting for work in this process, oldest first, so
+// that one freed group wakes one waiter rather than all of them (no herd).
+// Take a Ticket before the claim that may find nothing, so a wake-up that
+// lands between that claim and the wait is not lost.
+type Parking struct {
+	mu    stdsync.Mutex
+	queue []*Ticket
+}
+
+// Ticket is one caller's place in the queue.
+type Ticket struct {
+	c chan struct{}
+	p *Parking
+}
+
+// Ticket queues the caller.
+func (p *Parking) Ticket() *Ticket {
+	t := &Ticket{c: make(chan struct{}, 1), p: p}
+	p.mu.Lock()
+	p.queue = append(p.queue, t)
+	p.mu.Unlock()
+	return t
+}
+
+// C receives once the ticket is woken.
+func (t *Ticket) C() <-chan struct{} { return t.c }
+
+// Done leaves the queue (a no-op if the ticket was woken).
+func (t *Ticket) Done() {
+	t.p.mu.Lock()
+	defer t.p.mu.Unlock()
+	for i, q := range t.p.queue {
+		if q == t {
+			t.p.queue = append(t.p.queue[:i], t.p.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// Wake wakes up to n waiters, oldest first; n < 0 wakes all.
+func (p *Parking) Wake(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n < 0 || n > len(p.queue) {
+		n = len(p.queue)
+	}
+	for _, t := range p.queue[:n] {
+		t.c <- struct{}{} // buffered 1, and each ticket is woken once
+	}
+	p.queue = p.queue[n:]
+}
