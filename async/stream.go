@@ -223,15 +223,26 @@ func (s *Stream) extend(l *pgtransport.Lease, until time.Time) {
 	}
 }
 
+// The stream's claiming phases. After a claim finds nothing the stream
+// says it is idle (a waiter row, so publishers notify it) and claims once
+// more; if that finds nothing too it stops claiming (acks still settle,
+// and keep hot groups) until a wake-up: a notification, a wake-up from
+// this process, the earliest lease or park it saw running out, IdleSweep,
+// or an ack of its own that freed a group.
+const (
+	claiming = iota // claim with every round-trip
+	arming          // arm, then claim once more
+	dry             // settle only, until a wake-up
+)
+
 // run is the stream's goroutine.
 func (s *Stream) run(ctx, parent context.Context) {
 	defer close(s.done)
 	defer close(s.out)
 	defer s.finish(parent)
 	var (
-		sleepy bool // the last claim found nothing: look (and arm) before the next
+		phase  = claiming
 		armed  bool // our waiter row may exist
-		idle   bool // sleeping until a wake-up
 		next   time.Time
 		ticket *core.Ticket
 		retry  = newRetry()
@@ -243,20 +254,21 @@ func (s *Stream) run(ctx, parent context.Context) {
 	}()
 	for {
 		acks, free := s.take()
-		if idle && len(acks) == 0 {
-			if !s.sleep(ctx, next, ticket) {
+		if len(acks) == 0 && (free == 0 || phase == dry) {
+			woken, ok := s.sleep(ctx, next, ticket, phase == dry)
+			if !ok {
 				return
 			}
-			idle = false
-			continue
-		}
-		if len(acks) == 0 && free == 0 {
-			if !s.waitSlot(ctx) {
-				return
+			if woken {
+				phase = arming
 			}
 			continue
 		}
-		if sleepy && free > 0 {
+		limit := free
+		if phase == dry {
+			limit = 0 // settle (and keep) only
+		}
+		if phase == arming && limit > 0 {
 			d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
 			if err != nil {
 				s.requeue(acks)
@@ -275,7 +287,7 @@ func (s *Stream) run(ctx, parent context.Context) {
 			}
 			ticket = s.t.parking.Ticket() // before the claim: a wake-up after it is not lost
 		}
-		got, err := s.exchange(ctx, acks, free)
+		got, claims, freed, err := s.exchange(ctx, acks, limit)
 		if err != nil {
 			if !s.recover(ctx, err, retry) {
 				return
@@ -284,22 +296,22 @@ func (s *Stream) run(ctx, parent context.Context) {
 		}
 		retry.Reset()
 		switch {
-		case got > 0:
-			if armed {
+		case claims > 0 || freed > 0:
+			phase = claiming
+			if armed && claims > 0 {
 				if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
 					s.report(err) // harmless: the row only makes publishers notify until it lapses
 				}
 				armed = false
 			}
-			sleepy = false
 			if ticket != nil {
 				ticket.Done()
 				ticket = nil
 			}
-		case free > 0 && !sleepy:
-			sleepy = true // look, arm, and claim once more before sleeping
-		case free > 0:
-			idle = true
+		case limit > got && phase == claiming:
+			phase = arming
+		case limit > got && phase == arming:
+			phase = dry
 		}
 		if ctx.Err() != nil {
 			return
@@ -344,9 +356,10 @@ func (s *Stream) expire(now time.Time) {
 
 // exchange settles acks and claims up to limit leases (kept ones count),
 // queues the new leases in C and delivers each ack's result. It returns how
-// many leases it added. The stream stopping does not cancel it: a
+// many leases it added, how many of them were claimed (not kept), and how
+// many acks freed their group. The stream stopping does not cancel it: a
 // round-trip cut off mid-way would leave acks and leases in doubt.
-func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (int, error) {
+func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (got, claims, freed int, err error) {
 	leases := make([]*pgtransport.Lease, len(acks))
 	for i, a := range acks {
 		leases[i] = a.lease
@@ -361,15 +374,14 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (in
 	if err != nil {
 		if len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch) {
 			s.answer(acks, err) // cannot succeed on a retry
-			return 0, nil
+			return 0, 0, 0, nil
 		}
 		s.requeue(acks)
-		return 0, err
+		return 0, 0, 0, err
 	}
 	lapses := start.Add(s.cfg.Visibility)
 	giveBack := start.Add(s.cfg.Visibility / 2)
 	var fresh []*pgtransport.Lease
-	freed := 0
 	s.mu.Lock()
 	for i, st := range settled {
 		delete(s.held, keyOf(st.Lease))
@@ -392,7 +404,7 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (in
 	if freed > 0 {
 		s.t.parking.Wake(freed) // groups freed with messages left, maybe: for other waiters here
 	}
-	return len(fresh), nil
+	return len(fresh), len(claimed), freed, nil
 }
 
 func (s *Stream) answer(acks []ackRequest, err error) {
@@ -415,21 +427,6 @@ func (s *Stream) waiterName() string {
 // waiterTTL outlives the longest sleep (IdleSweep) with room to spare, so
 // the row lapses soon after a consumer dies without removing it.
 func (s *Stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
-
-// waitSlot waits, with every slot taken, for an ack, a nack, a lapse or a
-// give-back.
-func (s *Stream) waitSlot(ctx context.Context) bool {
-	timer := time.NewTimer(s.nextDeadline())
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-s.signal:
-	case <-timer.C:
-		s.giveBackStale(ctx)
-	}
-	return true
-}
 
 // nextDeadline is how long until a held lease lapses or one waiting in C
 // is due to be given back.
@@ -505,31 +502,39 @@ func (s *Stream) nackAll(ctx context.Context, leases []*pgtransport.Lease) {
 	s.t.parking.Wake(len(leases))
 }
 
-// sleep waits for a reason to claim again; false when ctx ended.
-func (s *Stream) sleep(ctx context.Context, next time.Time, ticket *core.Ticket) bool {
-	d := min(s.t.cfg.IdleSweep, s.nextDeadline())
-	if !next.IsZero() {
-		d = min(d, time.Until(next)+time.Millisecond)
+// sleep waits, with nothing to settle, for acks, a slot, or (dry) a
+// reason to claim again. woken reports the latter; ok is false when ctx
+// ended.
+func (s *Stream) sleep(ctx context.Context, next time.Time, ticket *core.Ticket, dry bool) (woken, ok bool) {
+	d := s.nextDeadline()
+	if dry {
+		d = min(d, s.t.cfg.IdleSweep)
+		if !next.IsZero() {
+			d = min(d, time.Until(next)+time.Millisecond)
+		}
 	}
 	timer := time.NewTimer(max(d, 0))
 	defer timer.Stop()
-	var notified, woken <-chan struct{}
-	if s.sub != nil {
+	var notified, wake <-chan struct{}
+	if dry && s.sub != nil {
 		notified = s.sub.C()
 	}
-	if ticket != nil {
-		woken = ticket.C()
+	if dry && ticket != nil {
+		wake = ticket.C()
 	}
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-notified:
-	case <-woken:
+		return true, true
+	case <-wake:
+		return true, true
 	case <-s.signal:
+		return false, true
 	case <-timer.C:
 		s.giveBackStale(ctx)
+		return dry, true
 	}
-	return true
 }
 
 // recover decides after a database error: false ends the stream.
@@ -574,7 +579,7 @@ func (s *Stream) finish(parent context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), roundTripTimeout)
 	defer cancel()
 	if len(acks) > 0 {
-		if _, err := s.exchange(ctx, acks, 0); err != nil {
+		if _, _, _, err := s.exchange(ctx, acks, 0); err != nil {
 			s.answer(acks, err)
 		}
 	}

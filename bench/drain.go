@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	stdsync "sync"
 	"sync/atomic"
@@ -90,34 +91,78 @@ func finished(stop <-chan struct{}, c *checker) bool {
 	}
 }
 
-// syncDrainer: W goroutines, each a blocking loop of Claim and Ack.
-type syncDrainer struct{ tr *pgsync.Transport }
+// syncDrainer: W goroutines, each a blocking loop of one ClaimWait and one
+// Ack per message (keep: AckNext, which keeps a hot group).
+type syncDrainer struct {
+	tr   *pgsync.Transport
+	keep bool
+}
 
 func (d syncDrainer) close() {}
 
 func (d syncDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
+	// Only the wait is cut off at the end; acks always finish, so that
+	// every ack's outcome is known.
+	waitCtx, cancel := stopCtx(ctx, stop, c)
+	defer cancel()
 	return parallel(workers, func(w int) error {
 		id := fmt.Sprint("w", w)
+		var l *pgtransport.Lease
 		for !finished(stop, c) {
-			l, err := d.tr.Claim(ctx, id, time.Minute, 0)
-			if err != nil {
-				return err
-			}
 			if l == nil {
-				continue // the claimable groups are all held: claim again
+				var err error
+				if l, err = d.tr.ClaimWait(waitCtx, id, time.Minute, 0); err != nil {
+					return quiet(waitCtx, err)
+				}
 			}
 			c.claimed(l.Group, l.Seq)
-			if err := d.tr.Ack(ctx, l); err != nil {
-				return err
+			if !d.keep {
+				if err := d.tr.Ack(ctx, l); err != nil {
+					return err
+				}
+				l = nil
+			} else {
+				next, err := d.tr.AckNext(ctx, l, time.Minute)
+				if err != nil {
+					return err
+				}
+				l = next
 			}
 			c.ack()
+		}
+		if l != nil { // kept past the end: give it back
+			_ = d.tr.Nack(ctx, l, 0)
 		}
 		return nil
 	})
 }
 
-// asyncDrainer: W streams (one lease each), each drained by a goroutine that
-// acks what it receives.
+// stopCtx is ctx, cancelled when stop closes or everything is acked, so a
+// worker parked in ClaimWait returns.
+func stopCtx(ctx context.Context, stop <-chan struct{}, c *checker) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-stop:
+		case <-c.done:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx, cancel
+}
+
+// quiet drops the error of a call cut off by the end of the run.
+func quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return nil
+	}
+	return err
+}
+
+// asyncDrainer: one stream holding up to W leases, drained by W goroutines
+// that ack what they receive (River's shape: W workers, at most W jobs
+// fetched at once). Its acks are settled in batches, with the next claims.
 type asyncDrainer struct{ tr *async.Transport }
 
 func (d asyncDrainer) close() { d.tr.Close() }
@@ -125,12 +170,12 @@ func (d asyncDrainer) close() { d.tr.Close() }
 func (d asyncDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	s, err := d.tr.Stream(ctx, async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: workers})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
 	return parallel(workers, func(w int) error {
-		s, err := d.tr.Stream(ctx, async.StreamConfig{WorkerID: fmt.Sprint("w", w), Visibility: time.Minute})
-		if err != nil {
-			return err
-		}
-		defer s.Close()
 		for {
 			select {
 			case <-stop:
@@ -229,12 +274,12 @@ func openDrainer(ctx context.Context, system string, workers int) (drainer, *pgt
 	cfg := pgtransport.Config{Schema: db.Schema}
 	var d drainer
 	switch system {
-	case "sync":
+	case "sync", "sync-keep":
 		tr, err := pgsync.New(ctx, db.Pool, cfg)
 		if err != nil {
 			return nil, db, err
 		}
-		d = syncDrainer{tr}
+		d = syncDrainer{tr: tr, keep: system == "sync-keep"}
 	case "async":
 		tr, err := async.New(ctx, db.Pool, cfg)
 		if err != nil {

@@ -47,7 +47,7 @@ func main() {
 	var (
 		long = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out  = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only = flag.String("only", "", "run only the suites whose name matches this regexp (claimack, river, publish, claimcost, latency)")
+		only = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
 	)
 	flag.Parse()
 	s := quick
@@ -112,8 +112,10 @@ func (r *runner) all(ctx context.Context) error {
 		name string
 		run  func(context.Context) error
 	}{
+		{"commits", r.commits},
 		{"claimack", r.claimAck},
 		{"river", r.river},
+		{"hotgroup", r.hotGroup},
 		{"publish", r.publish},
 		{"claimcost", r.claimCost},
 		{"latency", r.latency},

@@ -90,13 +90,31 @@ func (r *runner) table() string {
 		}
 		b.WriteString("\nbaseline: the design this project replaced, every claim serialized behind one global pg_advisory_xact_lock.\n")
 	}
+	if r.has("commits") {
+		c, _ := r.find("commits", "postgres", "", 16, 0)
+		fmt.Fprintf(&b, "\n### The server's commit rate\n\n16 clients, single-row insert transactions: %s commits/s. A blocking claim+ack is two commits per message: its ceiling is %s msgs/s.\n", figure(c), num(c.median()/2))
+		if s, ok := r.find("claimack", "sync", "", 16, 10_000); ok {
+			fmt.Fprintf(&b, "sync, 16 workers, 10,000 groups: %s msgs/s = %.0f%% of that ceiling.\n", num(s.median()), 100*s.median()/(c.median()/2))
+		}
+	}
+	if r.has("hotgroup") {
+		b.WriteString("\n### One hot group (msgs/s): 64 workers against 1\n\n| system | workers | msgs/s | vs 1 worker |\n| --- | ---: | ---: | ---: |\n")
+		for _, res := range r.results {
+			if res.suite == "hotgroup" {
+				one, ok := r.find("hotgroup", res.system, "", 1, 1)
+				fmt.Fprintf(&b, "| %s | %d | %s | %s |\n", res.system, res.workers, figure(res), ratio(res, one, ok))
+			}
+		}
+		b.WriteString("\nsync-keep: ClaimWait + AckNext (keeps the group up to MaxKeep = 16 in a row). async: one stream, MaxInFlight = workers.\n")
+	}
 	if r.has("publish") {
-		b.WriteString("\n### Publish throughput (one message per call, each to a new group, one async consumer busy meanwhile)\n\n")
-		b.WriteString("| publishers | notifications | msgs/s | vs off |\n| ---: | --- | ---: | ---: |\n")
+		b.WriteString("\n### Publish throughput (each message to a new group, one async consumer busy meanwhile)\n\n")
+		b.WriteString("| publishers | batch | notifications | msgs/s | vs off |\n| ---: | ---: | --- | ---: | ---: |\n")
 		for _, res := range r.results {
 			if res.suite == "publish" {
-				off, ok := r.find("publish", res.system, "notify=off", res.workers, 0)
-				fmt.Fprintf(&b, "| %d | %s | %s | %s |\n", res.workers, strings.TrimPrefix(res.variant, "notify="), figure(res), ratio(res, off, ok))
+				batch, notify, _ := strings.Cut(res.variant, " ")
+				off, ok := r.find("publish", res.system, batch+" notify=off", res.workers, 0)
+				fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", res.workers, strings.TrimPrefix(batch, "batch="), strings.TrimPrefix(notify, "notify="), figure(res), ratio(res, off, ok))
 			}
 		}
 	}

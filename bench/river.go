@@ -37,7 +37,7 @@ func openRiver(ctx context.Context, workers int) (*riverBench, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := rivermigrate.New(riverpgxv5.New(db.Pool), &rivermigrate.Config{Schema: db.Schema, Logger: quiet()})
+	m, err := rivermigrate.New(riverpgxv5.New(db.Pool), &rivermigrate.Config{Schema: db.Schema, Logger: discardLogger()})
 	if err != nil {
 		_ = db.Drop()
 		return nil, err
@@ -63,7 +63,7 @@ func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, er
 		Workers:           ws,
 		FetchCooldown:     2 * time.Millisecond,
 		FetchPollInterval: 20 * time.Millisecond,
-		Logger:            quiet(),
+		Logger:            discardLogger(),
 	})
 	if err != nil {
 		return 0, err
@@ -108,4 +108,4 @@ func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, er
 	return elapsed, nil
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

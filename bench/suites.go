@@ -109,32 +109,42 @@ func (r *runner) river(ctx context.Context) error {
 	return nil
 }
 
-// publish: publishers publishing one message per call for the window, each
-// message to a new group (each workflow its own group), while one async
-// consumer works through a backlog and acks, with notifications off and on.
+// publish: publishers publishing for the window, one message per call or
+// batches of 1,000 (PublishMany), each message to a new group (each
+// workflow its own group), while one async consumer works through a
+// backlog and acks, with notifications off and on.
 func (r *runner) publish(ctx context.Context) error {
-	for _, publishers := range []int{1, 16} {
-		for _, notify := range []bool{false, true} {
-			variant := "notify=off"
-			if notify {
-				variant = "notify=on"
-			}
-			res := result{suite: "publish", system: "sync", variant: variant, workers: publishers, unit: "msgs/s"}
-			for run := range r.s.runs {
-				r.progress("publish    publishers=%-2d %s run %d/%d", publishers, variant, run+1, r.s.runs)
-				rate, err := r.publishOnce(ctx, publishers, notify)
-				if err != nil {
+	for _, batch := range []int{1, 1000} {
+		for _, publishers := range []int{1, 16} {
+			for _, notify := range []bool{false, true} {
+				if err := r.publishCase(ctx, batch, publishers, notify); err != nil {
 					return err
 				}
-				res.runs = append(res.runs, rate)
 			}
-			r.add(res)
 		}
 	}
 	return nil
 }
 
-func (r *runner) publishOnce(ctx context.Context, publishers int, notify bool) (float64, error) {
+func (r *runner) publishCase(ctx context.Context, batch, publishers int, notify bool) error {
+	variant := fmt.Sprintf("batch=%d notify=off", batch)
+	if notify {
+		variant = fmt.Sprintf("batch=%d notify=on", batch)
+	}
+	res := result{suite: "publish", system: "sync", variant: variant, workers: publishers, unit: "msgs/s"}
+	for run := range r.s.runs {
+		r.progress("publish    publishers=%-2d %s run %d/%d", publishers, variant, run+1, r.s.runs)
+		rate, err := r.publishOnce(ctx, publishers, batch, notify)
+		if err != nil {
+			return err
+		}
+		res.runs = append(res.runs, rate)
+	}
+	r.add(res)
+	return nil
+}
+
+func (r *runner) publishOnce(ctx context.Context, publishers, batch int, notify bool) (float64, error) {
 	db, err := pgtest.Open(int32(publishers) + 8)
 	if err != nil {
 		return 0, err
@@ -181,16 +191,27 @@ func (r *runner) publishOnce(ctx context.Context, publishers int, notify bool) (
 	defer timer.Stop()
 	start := time.Now()
 	err = parallel(publishers, func(p int) error {
+		msgs := make([]pgtransport.Message, batch)
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
 				return nil
 			default:
 			}
-			if _, err := pub.Publish(ctx, fmt.Sprintf("wf-%d-%d", p, i), "e", 0); err != nil {
+			if batch == 1 {
+				if _, err := pub.Publish(ctx, fmt.Sprintf("wf-%d-%d", p, i), "e", 0); err != nil {
+					return err
+				}
+				published.Add(1)
+				continue
+			}
+			for j := range msgs {
+				msgs[j] = pgtransport.Message{Group: fmt.Sprintf("wf-%d-%d-%d", p, i, j), Event: "e"}
+			}
+			if _, err := pub.PublishMany(ctx, msgs); err != nil {
 				return err
 			}
-			published.Add(1)
+			published.Add(int64(batch))
 		}
 	})
 	elapsed := time.Since(start)
@@ -205,6 +226,82 @@ func (r *runner) publishOnce(ctx context.Context, publishers int, notify bool) (
 		return 0, err
 	}
 	return float64(published.Load()) / elapsed.Seconds(), nil
+}
+
+// hotGroup: one group with a deep backlog, 1 worker against 64: idle
+// workers must wait, not spin, so 64 should drain it about as fast as 1.
+// sync: ClaimWait and AckNext (keeps the group up to MaxKeep in a row).
+func (r *runner) hotGroup(ctx context.Context) error {
+	for _, system := range []string{"sync-keep", "async"} {
+		for _, w := range []int{1, 64} {
+			res := result{suite: "hotgroup", system: system, workers: w, groups: 1, unit: "msgs/s"}
+			d, db, err := openDrainer(ctx, system, w)
+			if err != nil {
+				if db != nil {
+					_ = db.Drop()
+				}
+				return err
+			}
+			for run := range r.s.runs {
+				r.progress("hot group  %-9s workers=%-2d run %d/%d", system, w, run+1, r.s.runs)
+				rate, err := r.drainOnce(ctx, d, db, w, 1)
+				if err != nil {
+					d.close()
+					_ = db.Drop()
+					return fmt.Errorf("hot group %s workers=%d: %w", system, w, err)
+				}
+				res.runs = append(res.runs, rate)
+			}
+			d.close()
+			if err := db.Drop(); err != nil {
+				return err
+			}
+			r.add(res)
+		}
+	}
+	return nil
+}
+
+// commits: what the server's commit rate allows, measured beside the rest:
+// 16 clients each committing single-row inserts for the window. A blocking
+// claim+ack is two commits per message, so half this rate is its ceiling.
+func (r *runner) commits(ctx context.Context) error {
+	res := result{suite: "commits", system: "postgres", workers: 16, unit: "commits/s"}
+	db, err := pgtest.Open(20)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Drop() }()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE commits (id bigserial PRIMARY KEY, v text)`); err != nil {
+		return err
+	}
+	for run := range r.s.runs {
+		r.progress("commits    16 clients, single-row insert transactions, run %d/%d", run+1, r.s.runs)
+		var n atomic.Int64
+		stop := make(chan struct{})
+		timer := time.AfterFunc(r.s.window, func() { close(stop) })
+		start := time.Now()
+		err := parallel(16, func(int) error {
+			for {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				if _, err := db.Pool.Exec(ctx, `INSERT INTO commits (v) VALUES ('x')`); err != nil {
+					return err
+				}
+				n.Add(1)
+			}
+		})
+		timer.Stop()
+		if err != nil {
+			return err
+		}
+		res.runs = append(res.runs, float64(n.Load())/time.Since(start).Seconds())
+	}
+	r.add(res)
+	return nil
 }
 
 // claimCost: the median latency of one claim+ack by one blocking worker,

@@ -27,22 +27,20 @@ BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
     END IF;
-    WITH picked AS (
-        SELECT c.group_id
-          FROM transport_groups AS c
-         WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
-           AND c.priority >= p_min_priority
-         ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
-         LIMIT p_limit
-           FOR NO KEY UPDATE SKIP LOCKED
-    ), leased AS (
-        UPDATE transport_groups AS g
-           SET locked_by = p_token, lock_expiry = p_lease
-          FROM picked
-         WHERE g.group_id = picked.group_id
-        RETURNING g.group_id
-    )
-    SELECT array_agg(l.group_id) INTO v_groups FROM leased AS l;
+    -- Pick, then lease by primary key: every statement here reaches rows
+    -- through an index (= ANY of an array), whatever the plan guesses
+    -- about the array's size.
+    SELECT array_agg(c.group_id) INTO v_groups
+      FROM (SELECT c.group_id
+              FROM transport_groups AS c
+             WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+               AND c.priority >= p_min_priority
+             ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
+             LIMIT p_limit
+               FOR NO KEY UPDATE SKIP LOCKED) AS c;
+    UPDATE transport_groups AS g
+       SET locked_by = p_token, lock_expiry = p_lease
+     WHERE g.group_id = ANY (v_groups);
     IF v_groups IS NULL THEN
         RETURN;
     END IF;
@@ -113,6 +111,7 @@ AS $$
 DECLARE
     v_held    TEXT[];  -- groups whose token held, with v_tok their tokens
     v_tok     TEXT[];
+    v_seqs    BIGINT[];
     v_kept    TEXT[];
     v_drained TEXT[];
     v_gone    TEXT[];
@@ -131,16 +130,20 @@ BEGIN
     SELECT array_agg(g.group_id ORDER BY g.group_id), array_agg(g.locked_by ORDER BY g.group_id) INTO v_held, v_tok
       FROM (SELECT g.group_id, g.locked_by
               FROM transport_groups AS g
-              JOIN unnest(p_groups, p_tokens) AS a(gid, tok)
-                ON g.group_id = a.gid AND g.locked_by = a.tok
+             WHERE g.group_id = ANY (p_groups)
+               AND g.locked_by = ANY (p_tokens)
+               AND EXISTS (SELECT 1 FROM unnest(p_groups, p_tokens) AS a(gid, tok)
+                            WHERE a.gid = g.group_id AND a.tok = g.locked_by)
              ORDER BY g.group_id
                FOR NO KEY UPDATE OF g) AS g;
 
+    -- The held acks' messages, by primary key.
+    SELECT array_agg(a.s) INTO v_seqs
+      FROM unnest(p_groups, p_seqs, p_tokens) AS a(gid, s, tok)
+     WHERE EXISTS (SELECT 1 FROM unnest(v_held, v_tok) AS h(gid, tok)
+                    WHERE h.gid = a.gid AND h.tok = a.tok);
     DELETE FROM transport_messages AS m
-     USING unnest(p_groups, p_seqs, p_tokens) AS a(gid, s, tok),
-           unnest(v_held, v_tok) AS h(gid, tok)
-     WHERE m.seq = a.s AND m.group_id = a.gid
-       AND h.gid = a.gid AND h.tok = a.tok;
+     WHERE m.seq = ANY (v_seqs) AND m.group_id = ANY (v_held);
 
     -- Next heads, in a statement after the deletes and the locks.
     FOR r IN
