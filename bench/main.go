@@ -45,9 +45,10 @@ var (
 
 func main() {
 	var (
-		long = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
-		out  = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
+		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
+		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
+		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
 	flag.Parse()
 	s := quick
@@ -58,8 +59,12 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	caseFilter, err := regexp.Compile(*cases)
+	if err != nil {
+		fail(err)
+	}
 	defer pgtest.Shutdown()
-	r := &runner{s: s, filter: filter, start: time.Now()}
+	r := &runner{s: s, filter: filter, cases: caseFilter, start: time.Now()}
 	if err := r.all(context.Background()); err != nil {
 		pgtest.Shutdown()
 		fail(err)
@@ -95,6 +100,7 @@ type result struct {
 type runner struct {
 	s       settings
 	filter  *regexp.Regexp
+	cases   *regexp.Regexp
 	start   time.Time
 	results []result
 }

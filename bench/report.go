@@ -108,7 +108,8 @@ func (r *runner) table() string {
 		b.WriteString("\nsync-keep: ClaimWait + AckNext (keeps the group up to MaxKeep = 16 in a row). async: one stream, MaxInFlight = workers.\n")
 	}
 	if r.has("publish") {
-		b.WriteString("\n### Publish throughput (each message to a new group, one async consumer busy meanwhile)\n\n")
+		b.WriteString("\n### Publish throughput (each message to a new group)\n\n")
+		b.WriteString("batch 1: Publish, while one async consumer works through a backlog; notifications on is the default (a busy consumer asks for none). batch 1000: PublishMany alone; notifications on means a consumer waits the whole time, so every batch sends one.\n\n")
 		b.WriteString("| publishers | batch | notifications | msgs/s | vs off |\n| ---: | ---: | --- | ---: | ---: |\n")
 		for _, res := range r.results {
 			if res.suite == "publish" {

@@ -25,6 +25,9 @@ func (r *runner) claimAck(ctx context.Context) error {
 	for _, system := range drainSystems {
 		for _, w := range r.s.workers {
 			for _, g := range r.s.groups {
+				if !r.cases.MatchString(fmt.Sprintf("%s/w%d/g%d", system, w, g)) {
+					continue
+				}
 				res := result{suite: "claimack", system: system, workers: w, groups: g, unit: "msgs/s"}
 				d, db, err := openDrainer(ctx, system, w)
 				if err != nil {
@@ -134,7 +137,11 @@ func (r *runner) publishCase(ctx context.Context, batch, publishers int, notify 
 	res := result{suite: "publish", system: "sync", variant: variant, workers: publishers, unit: "msgs/s"}
 	for run := range r.s.runs {
 		r.progress("publish    publishers=%-2d %s run %d/%d", publishers, variant, run+1, r.s.runs)
-		rate, err := r.publishOnce(ctx, publishers, batch, notify)
+		publish := r.publishOnce
+		if batch > 1 {
+			publish = r.publishBatchOnce
+		}
+		rate, err := publish(ctx, publishers, batch, notify)
 		if err != nil {
 			return err
 		}
@@ -302,6 +309,109 @@ func (r *runner) commits(ctx context.Context) error {
 	}
 	r.add(res)
 	return nil
+}
+
+// publishBatchOnce: PublishMany batches of batch messages, each to a new
+// group. notify on: a consumer waits the whole time (a waiter row that
+// never lapses), so every batch sends a notification; off: none waits.
+func (r *runner) publishBatchOnce(ctx context.Context, publishers, batch int, notify bool) (float64, error) {
+	db, err := pgtest.Open(int32(publishers) + 4)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = db.Drop() }()
+	pub, err := pgsync.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema})
+	if err != nil {
+		return 0, err
+	}
+	if notify {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO transport_waiters VALUES ('bench', 0, 'infinity')`); err != nil {
+			return 0, err
+		}
+	}
+	notes := listen(ctx, db)
+	var published atomic.Int64
+	stop := make(chan struct{})
+	timer := time.AfterFunc(r.s.window, func() { close(stop) })
+	defer timer.Stop()
+	start := time.Now()
+	err = parallel(publishers, func(p int) error {
+		msgs := make([]pgtransport.Message, batch)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			for j := range msgs {
+				msgs[j] = pgtransport.Message{Group: fmt.Sprintf("wf-%d-%d-%d", p, i, j), Event: "e"}
+			}
+			if _, err := pub.PublishMany(ctx, msgs); err != nil {
+				return err
+			}
+			published.Add(int64(batch))
+		}
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	n, err := notes()
+	if err != nil {
+		return 0, err
+	}
+	batches := published.Load() / int64(batch)
+	if notify && int64(n) != batches || !notify && n != 0 {
+		return 0, fmt.Errorf("publish: %d notifications for %d batches (notify %v)", n, batches, notify)
+	}
+	left, _, err := leftover(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if int64(left) != published.Load() {
+		return 0, fmt.Errorf("publish: %d published, %d in the table", published.Load(), left)
+	}
+	return float64(published.Load()) / elapsed.Seconds(), nil
+}
+
+// listen counts the notifications on db's queue channel on a connection
+// of its own; the returned function stops and tells the count.
+func listen(ctx context.Context, db *pgtest.DB) func() (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		cancel()
+		return func() (int, error) { return 0, err }
+	}
+	var channel string
+	if err := conn.QueryRow(ctx, `SELECT harel_channel()`).Scan(&channel); err != nil {
+		conn.Release()
+		cancel()
+		return func() (int, error) { return 0, err }
+	}
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
+		conn.Release()
+		cancel()
+		return func() (int, error) { return 0, err }
+	}
+	n := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+				return
+			}
+			n++
+		}
+	}()
+	return func() (int, error) {
+		time.Sleep(100 * time.Millisecond) // the last ones in flight
+		cancel()
+		<-done
+		conn.Hijack().Close(context.Background()) // it listened: never back into the pool
+		return n, nil
+	}
 }
 
 // claimCost: the median latency of one claim+ack by one blocking worker,

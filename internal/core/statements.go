@@ -15,8 +15,16 @@ const (
 
 	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int)`
 
+	// A claim commits without waiting for its WAL flush (synchronous_commit
+	// off for its own transaction only). A claim lost in a crash only
+	// returns its group to the queue, as a lapsed lease would: the holder's
+	// ack is then fenced off, and any later commit (an ack, a publish)
+	// flushes the claim's WAL first, WAL being sequential. Acks, nacks and
+	// publishes stay synchronous: what they report done is durable.
+	asyncCommit = `set_config('synchronous_commit', 'off', true)`
+
 	claimSQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
-  FROM (SELECT ` + nowExpr + ` AS now) AS t,
+  FROM (SELECT ` + nowExpr + ` AS now, ` + asyncCommit + ` AS sc) AS t,
        LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
 
 	ackSQL = `SELECT {s}harel_ack($2::text, $3::bigint, $4::text, ` + nowExpr + `)`
