@@ -224,11 +224,12 @@ func (s *Stream) extend(l *pgtransport.Lease, until time.Time) {
 }
 
 // The stream's claiming phases. After a claim finds nothing the stream
-// says it is idle (a waiter row, so publishers notify it) and claims once
-// more; if that finds nothing too it stops claiming (acks still settle,
-// and keep hot groups) until a wake-up: a notification, a wake-up from
-// this process, the earliest lease or park it saw running out, IdleSweep,
-// or an ack of its own that freed a group.
+// stops claiming (acks still settle, and keep hot groups): each claim walks
+// the round-robin index. Before it sleeps it says it is idle (a waiter row,
+// so publishers notify it) and claims once more; then it sleeps until a
+// wake-up: a notification, a wake-up from this process, the earliest lease
+// or park it saw running out, IdleSweep, or an ack of its own that freed a
+// group.
 const (
 	claiming = iota // claim with every round-trip
 	arming          // arm, then claim once more
@@ -243,6 +244,7 @@ func (s *Stream) run(ctx, parent context.Context) {
 	var (
 		phase  = claiming
 		armed  bool // our waiter row may exist
+		looked bool // dry after arming and claiming once more: safe to sleep
 		next   time.Time
 		ticket *core.Ticket
 		retry  = newRetry()
@@ -254,6 +256,9 @@ func (s *Stream) run(ctx, parent context.Context) {
 	}()
 	for {
 		acks, free := s.take()
+		if len(acks) == 0 && phase == dry && !looked && free > 0 {
+			phase = arming // about to sleep: arm and claim once more first
+		}
 		if len(acks) == 0 && (free == 0 || phase == dry) {
 			woken, ok := s.sleep(ctx, next, ticket, phase == dry)
 			if !ok {
@@ -265,8 +270,8 @@ func (s *Stream) run(ctx, parent context.Context) {
 			continue
 		}
 		limit := free
-		if phase == dry {
-			limit = 0 // settle (and keep) only
+		if phase == dry && !s.t.core.ReleasesAny(leasesOf(acks)) {
+			limit = 0 // settle (and keep) only; but claim with an ack that frees a group
 		}
 		if phase == arming && limit > 0 {
 			d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
@@ -297,7 +302,7 @@ func (s *Stream) run(ctx, parent context.Context) {
 		retry.Reset()
 		switch {
 		case claims > 0 || freed > 0:
-			phase = claiming
+			phase, looked = claiming, false
 			if armed && claims > 0 {
 				if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
 					s.report(err) // harmless: the row only makes publishers notify until it lapses
@@ -309,9 +314,9 @@ func (s *Stream) run(ctx, parent context.Context) {
 				ticket = nil
 			}
 		case limit > got && phase == claiming:
-			phase = arming
+			phase, looked = dry, false // no arming while acks keep the stream busy
 		case limit > got && phase == arming:
-			phase = dry
+			phase, looked = dry, true
 		}
 		if ctx.Err() != nil {
 			return
@@ -360,10 +365,7 @@ func (s *Stream) expire(now time.Time) {
 // many acks freed their group. The stream stopping does not cancel it: a
 // round-trip cut off mid-way would leave acks and leases in doubt.
 func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (got, claims, freed int, err error) {
-	leases := make([]*pgtransport.Lease, len(acks))
-	for i, a := range acks {
-		leases[i] = a.lease
-	}
+	leases := leasesOf(acks)
 	if ctx.Err() != nil {
 		limit = 0 // stopping: settle only
 	}
@@ -405,6 +407,14 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 		s.t.parking.Wake(freed) // groups freed with messages left, maybe: for other waiters here
 	}
 	return len(fresh), len(claimed), freed, nil
+}
+
+func leasesOf(acks []ackRequest) []*pgtransport.Lease {
+	ls := make([]*pgtransport.Lease, len(acks))
+	for i, a := range acks {
+		ls[i] = a.lease
+	}
+	return ls
 }
 
 func (s *Stream) answer(acks []ackRequest, err error) {

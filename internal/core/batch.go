@@ -155,6 +155,17 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 	return settled, claimed, nil
 }
 
+// ReleasesAny reports whether acking leases with keep frees some group for
+// sure: a lease that may not be kept any longer.
+func (c *Core) ReleasesAny(leases []*pgtransport.Lease) bool {
+	for _, l := range leases {
+		if !c.mayKeep(l) {
+			return true
+		}
+	}
+	return false
+}
+
 // mayKeep reports whether an ack may keep l's group for one more message.
 func (c *Core) mayKeep(l *pgtransport.Lease) bool {
 	return c.cfg.MaxKeep > 0 && l.Kept+1 < c.cfg.MaxKeep
