@@ -3,14 +3,19 @@ GO ?= go
 RESULTS ?= results
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 3
+FUZZTIME ?= 10m
 
-.PHONY: help test schema bench bench-full bench-go fmt vet
+.PHONY: help test schema bench bench-full bench-go fuzz fmt vet
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-test: vet ## vet, then every test under the race detector, on a real PostgreSQL
+test: vet ## vet, every test under the race detector on a real PostgreSQL, and a short fuzz pass
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -run '^$$' -fuzz '^FuzzPublish$$' -fuzztime 10s ./sync
+
+fuzz: ## fuzz publish for FUZZTIME (default 10m)
+	$(GO) test -run '^$$' -fuzz '^FuzzPublish$$' -fuzztime $(FUZZTIME) ./sync
 
 vet: ## go vet (library and bench module) and a gofmt check
 	$(GO) vet ./...

@@ -146,4 +146,12 @@ type Config struct {
 	// Higher: more throughput on hot groups, a longer wait for the others.
 	// 0 means DefaultMaxKeep; -1 never keeps.
 	MaxKeep int
+
+	// Vacuum, if positive, makes an async Transport vacuum the queue
+	// tables itself, checking this often and vacuuming a table once it has
+	// 1,000 dead rows. Queue tables churn: every claim and ack leaves a
+	// dead row. Leave it 0 where autovacuum runs (the schema tunes it per
+	// table); set it where autovacuum is off or cannot keep up. Needs a
+	// role that may VACUUM the tables (their owner).
+	Vacuum time.Duration
 }

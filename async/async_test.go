@@ -400,3 +400,35 @@ func TestFromDSN(t *testing.T) {
 	_, err = async.New(ctx(t), nil, pgtransport.Config{})
 	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
 }
+
+// TestVacuum: with Config.Vacuum the transport vacuums the queue tables
+// once they collect dead rows (this repository's CI server runs with
+// autovacuum off, so nothing else would).
+func TestVacuum(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 8)
+	tr := open(t, db.Pool, pgtransport.Config{Schema: db.Schema, Vacuum: 50 * time.Millisecond})
+	msgs := make([]pgtransport.Message, 3000)
+	for i := range msgs {
+		msgs[i] = pgtransport.Message{Group: fmt.Sprint("g", i), Event: "e"}
+	}
+	is.NoErr((<-tr.PublishMany(ctx(t), msgs)).Err)
+	for range 3 { // claim and ack everything: dead rows in both tables
+		ls := (<-tr.ClaimMany(ctx(t), "w", time.Minute, 0, 1000)).Value
+		errs := (<-tr.AckMany(ctx(t), ls)).Value
+		is.Equal(len(errs), 1000)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var vacuums int
+		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT vacuum_count + autovacuum_count FROM pg_stat_user_tables WHERE relid = 'transport_groups'::regclass`).Scan(&vacuums))
+		if vacuums > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("transport_groups was never vacuumed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

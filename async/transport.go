@@ -64,7 +64,30 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 		t.listener, t.release = sharedListener(pool)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	if t.cfg.Vacuum > 0 {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			t.vacuum()
+		}()
+	}
 	return t, nil
+}
+
+// vacuum is the goroutine Config.Vacuum asks for: it vacuums the queue
+// tables as they collect dead rows, until Close. A failed round (a role
+// that may not vacuum, a lost connection) is tried again next time.
+func (t *Transport) vacuum() {
+	tick := time.NewTicker(t.cfg.Vacuum)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tick.C:
+			_, _ = t.core.Vacuum(t.ctx)
+		}
+	}
 }
 
 // FromDSN connects to dsn with a pool, waiting with backoff while the server

@@ -48,6 +48,7 @@ func main() {
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
 		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
+		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
 	flag.Parse()
@@ -64,6 +65,13 @@ func main() {
 		fail(err)
 	}
 	defer pgtest.Shutdown()
+	if *sust > 0 {
+		if err := sustained(context.Background(), *sust); err != nil {
+			pgtest.Shutdown()
+			fail(err)
+		}
+		return
+	}
 	r := &runner{s: s, filter: filter, cases: caseFilter, start: time.Now()}
 	if err := r.all(context.Background()); err != nil {
 		pgtest.Shutdown()

@@ -9,6 +9,7 @@
 package schema
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"fmt"
@@ -231,4 +232,22 @@ func SQL() string {
 	}
 	b.WriteString("\n    ON CONFLICT (version) DO NOTHING;\nCOMMIT;\n")
 	return b.String()
+}
+
+// Grants returns the statements that let role work a queue in schema (empty:
+// public) and nothing more: publish, claim, ack, nack, extend, the batch
+// calls and the wake-ups. The role needs no other privilege; it cannot
+// change the tables or replace the functions (only their owner, the role
+// that applies the schema, can), and it cannot VACUUM them
+// (Config.Vacuum needs the owner too). Identifiers are quoted.
+func Grants(schema, role string) string {
+	s := pgx.Identifier{cmp.Or(schema, "public")}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
+	return strings.Join([]string{
+		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters TO " + r,
+		"GRANT SELECT ON " + s + ".transport_schema_version TO " + r,
+		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
+		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
+	}, ";\n") + ";\n"
 }

@@ -65,6 +65,9 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 || cfg.IdleSweep < 0 {
 		return cfg, fmt.Errorf("%w: MaxEventBytes, MaxConnectWait and IdleSweep must not be negative", pgtransport.ErrInvalidConfig)
 	}
+	if cfg.Vacuum < 0 {
+		return cfg, fmt.Errorf("%w: Vacuum must not be negative", pgtransport.ErrInvalidConfig)
+	}
 	if cfg.MaxKeep < -1 {
 		return cfg, fmt.Errorf("%w: MaxKeep %d, want -1 (never keep), 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.MaxKeep)
 	}

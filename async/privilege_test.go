@@ -1,0 +1,98 @@
+package async_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/schema"
+	pgsync "github.com/pgtransport/pgtransport/sync"
+)
+
+// TestLeastPrivilegeRole: a role given only schema.Grants can do all a
+// worker does, blocking and async, and cannot change the queue's tables or
+// functions.
+func TestLeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	cfg := pgtransport.Config{Schema: db.Schema}
+	_, err := pgsync.New(ctx(t), db.Pool, cfg) // the owner applies the schema
+	is.NoErr(err)
+	role := "w_" + db.Schema
+	_, err = db.Pool.Exec(ctx(t), `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
+	is.NoErr(err)
+	t.Cleanup(func() {
+		for _, q := range []string{`DROP OWNED BY `, `DROP ROLE `} {
+			if _, err := db.Pool.Exec(ctx(t), q+pgx.Identifier{role}.Sanitize()); err != nil {
+				t.Errorf("%s%s: %v", q, role, err)
+			}
+		}
+	})
+	_, err = db.Pool.Exec(ctx(t), schema.Grants(db.Schema, role))
+	is.NoErr(err)
+
+	pcfg, err := pgxpool.ParseConfig(db.DSN)
+	is.NoErr(err)
+	pcfg.ConnConfig.User = role
+	pcfg.ConnConfig.RuntimeParams["search_path"] = db.Schema
+	pool, err := pgxpool.NewWithConfig(ctx(t), pcfg)
+	is.NoErr(err)
+	t.Cleanup(pool.Close)
+	var who string
+	is.NoErr(pool.QueryRow(ctx(t), `SELECT current_user`).Scan(&who))
+	is.Equal(who, role) // really the worker role
+
+	worker := pgtransport.Config{Schema: db.Schema, SkipApply: true}
+	st, err := pgsync.New(ctx(t), pool, worker)
+	is.NoErr(err)
+	_, err = st.Publish(ctx(t), "g", "e1", 0)
+	is.NoErr(err)
+	_, err = st.PublishMany(ctx(t), []pgtransport.Message{{Group: "g", Event: "e2"}, {Group: "h", Event: "h1"}})
+	is.NoErr(err)
+	l, err := st.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.NoErr(st.Extend(ctx(t), l, time.Minute))
+	next, err := st.AckNext(ctx(t), l, time.Minute)
+	is.NoErr(err)
+	is.Equal(next.Event, "e2")
+	is.NoErr(st.Nack(ctx(t), next, 0))
+	ls, err := st.ClaimMany(ctx(t), "w", time.Minute, 0, 10)
+	is.NoErr(err)
+	errs, err := st.AckMany(ctx(t), ls)
+	is.NoErr(err)
+	is.Equal(errs, []error{nil, nil})
+
+	at := open(t, pool, worker) // async: its stream writes waiter rows and listens
+	s := stream(t, at, async.StreamConfig{})
+	waitArmed(t, db, 1)
+	_, err = st.Publish(ctx(t), "late", "x", 0)
+	is.NoErr(err)
+	got := receive(t, s, 10*time.Second)
+	is.Equal(got.Event, "x")
+	is.NoErr(<-at.Ack(ctx(t), got))
+
+	for _, q := range []string{
+		`CREATE OR REPLACE FUNCTION harel_claim(p_now float8, p_lease float8, p_token text, p_min_priority int DEFAULT 0)
+		 RETURNS TABLE (group_id text, seq bigint, event text) LANGUAGE sql AS 'SELECT NULL::text, NULL::bigint, NULL::text'`,
+		`DROP TABLE transport_messages`,
+		`ALTER TABLE transport_groups ADD COLUMN x int`,
+		`TRUNCATE transport_messages`,
+		`DROP TRIGGER transport_messages_hold_group ON transport_messages`,
+		`CREATE TABLE ` + pgx.Identifier{db.Schema}.Sanitize() + `.planted (x int)`,
+	} {
+		_, err := pool.Exec(ctx(t), q)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+			t.Errorf("%s: got %v, want permission denied", q, err)
+		}
+	}
+}
