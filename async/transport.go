@@ -169,22 +169,18 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // deletes the group's row when it has no message left). ErrLeaseLost if the
 // lease no longer holds. One round-trip; but the ack of a lease a Stream
 // delivered joins that stream's next round-trip, which settles all acks
-// queued since the last one and claims more in the same transaction (so its
-// result may wait for the round-trip in flight).
+// queued since the last one and claims more in the same transaction: its
+// channel delivers when that batch commits (after at most the round-trip in
+// flight and its own), and ctx no longer cancels it once queued.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
-	return callErr(t, ctx, func(ctx context.Context) error {
-		if lease != nil {
-			if s, ok := t.leases.Load(keyOf(lease)); ok {
-				if done, ok := s.(*Stream).enqueue(lease); ok {
-					select {
-					case err := <-done:
-						return err
-					case <-ctx.Done():
-						return fmt.Errorf("ack: %w (the ack is queued and may yet be done)", ctx.Err())
-					}
-				}
+	if lease != nil && ctx.Err() == nil {
+		if s, ok := t.leases.Load(keyOf(lease)); ok {
+			if done, ok := s.(*Stream).enqueue(lease); ok {
+				return done // no goroutine of its own: the stream answers
 			}
 		}
+	}
+	return callErr(t, ctx, func(ctx context.Context) error {
 		err := t.core.Ack(ctx, lease)
 		if lease != nil {
 			t.leases.Delete(keyOf(lease))

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,7 @@ type settings struct {
 	samples  int           // latency samples per run
 	maxCost  int           // the largest group count of the claim-cost suite
 	workers  []int         // claim+ack worker counts
-	riverExt []int         // River's extra worker counts
+	riverExt []int         // River's and the async transport's extra worker counts
 	groups   []int         // claim+ack group counts
 }
 
@@ -48,6 +49,7 @@ func main() {
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
 		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
+		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
@@ -65,6 +67,16 @@ func main() {
 		fail(err)
 	}
 	defer pgtest.Shutdown()
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if *sust > 0 {
 		if err := sustained(context.Background(), *sust); err != nil {
 			pgtest.Shutdown()

@@ -23,7 +23,11 @@ var drainSystems = []string{"sync", "async", "baseline"}
 // backlog ran out.
 func (r *runner) claimAck(ctx context.Context) error {
 	for _, system := range drainSystems {
-		for _, w := range r.s.workers {
+		workers := r.s.workers
+		if system == "async" { // scales with workers, as River does
+			workers = append(slices.Clone(workers), r.s.riverExt...)
+		}
+		for _, w := range workers {
 			for _, g := range r.s.groups {
 				if !r.cases.MatchString(fmt.Sprintf("%s/w%d/g%d", system, w, g)) {
 					continue

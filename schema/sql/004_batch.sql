@@ -83,8 +83,7 @@ BEGIN
     SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
     UPDATE transport_groups AS g
        SET locked_by = NULL, lock_expiry = p_now
-     WHERE g.group_id = ANY (v_empty)
-       AND NOT (g.group_id = ANY (COALESCE(v_gone, '{}')));
+     WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_empty) EXCEPT SELECT unnest(v_gone)));
 END
 $$;
 
@@ -127,37 +126,35 @@ BEGIN
 
     -- The fences, and locks that keep them ours until commit. In group
     -- order, so two batches never lock each other's rows crosswise.
+    -- Joins, not per-row searches of the arrays: a batch of thousands
+    -- stays linear.
     SELECT array_agg(g.group_id ORDER BY g.group_id), array_agg(g.locked_by ORDER BY g.group_id) INTO v_held, v_tok
       FROM (SELECT g.group_id, g.locked_by
               FROM transport_groups AS g
              WHERE g.group_id = ANY (p_groups)
-               AND g.locked_by = ANY (p_tokens)
-               AND EXISTS (SELECT 1 FROM unnest(p_groups, p_tokens) AS a(gid, tok)
-                            WHERE a.gid = g.group_id AND a.tok = g.locked_by)
+               AND (g.group_id, g.locked_by) IN (SELECT a.gid, a.tok FROM unnest(p_groups, p_tokens) AS a(gid, tok))
              ORDER BY g.group_id
                FOR NO KEY UPDATE OF g) AS g;
 
     -- The held acks' messages, by primary key.
     SELECT array_agg(a.s) INTO v_seqs
       FROM unnest(p_groups, p_seqs, p_tokens) AS a(gid, s, tok)
-     WHERE EXISTS (SELECT 1 FROM unnest(v_held, v_tok) AS h(gid, tok)
-                    WHERE h.gid = a.gid AND h.tok = a.tok);
+      JOIN unnest(v_held, v_tok) AS h(gid, tok) ON h.gid = a.gid AND h.tok = a.tok;
     DELETE FROM transport_messages AS m
      WHERE m.seq = ANY (v_seqs) AND m.group_id = ANY (v_held);
 
     -- Next heads, in a statement after the deletes and the locks.
     FOR r IN
-        SELECT a.gid, a.keep, x.ok, h.seq, h.event
-          FROM unnest(p_groups, p_tokens, p_keep) AS a(gid, tok, keep)
-          CROSS JOIN LATERAL (
-                SELECT EXISTS (SELECT 1 FROM unnest(v_held, v_tok) AS v(gid, tok)
-                                WHERE v.gid = a.gid AND v.tok = a.tok) AS ok) AS x
+        SELECT a.gid, a.keep, (v.gid IS NOT NULL) AS ok, h.seq, h.event
+          FROM unnest(p_groups, p_tokens, p_keep) WITH ORDINALITY AS a(gid, tok, keep, i)
+          LEFT JOIN unnest(v_held, v_tok) AS v(gid, tok) ON v.gid = a.gid AND v.tok = a.tok
           LEFT JOIN LATERAL (
                 SELECT m.seq, m.event
                   FROM transport_messages AS m
-                 WHERE m.group_id = a.gid AND x.ok
+                 WHERE m.group_id = a.gid AND v.gid IS NOT NULL
                  ORDER BY m.seq
                  LIMIT 1) AS h ON true
+         ORDER BY a.i
     LOOP
         group_id := r.gid; held := r.ok; next_seq := NULL; next_event := NULL;
         IF r.ok AND r.seq IS NULL THEN
@@ -188,11 +185,14 @@ BEGIN
         )
         SELECT array_agg(x.group_id) INTO v_gone FROM deleted AS x;
     END IF;
+    -- Free every held group neither kept nor deleted (EXCEPT: hashed, so
+    -- linear in the batch).
     UPDATE transport_groups AS g
        SET locked_by = NULL, lock_expiry = p_now
-     WHERE g.group_id = ANY (COALESCE(v_held, '{}'))
-       AND NOT (g.group_id = ANY (COALESCE(v_kept, '{}')))
-       AND NOT (g.group_id = ANY (COALESCE(v_gone, '{}')));
+     WHERE g.group_id = ANY (ARRAY(
+             SELECT unnest(v_held)
+             EXCEPT SELECT unnest(v_kept)
+             EXCEPT SELECT unnest(v_gone)));
 END
 $$;
 
