@@ -21,7 +21,7 @@ func valid() []Op {
 	lost.Outcome = Failed
 	return []Op{
 		op(Publish, "p", "g", 1, "", 0, 1),
-		op(Publish, "p", "g", 2, "", 1, 2),
+		op(Publish, "p", "g", 2, "", 2, 3),
 		op(Claim, "w1", "g", 1, "t1", 3, 4),
 		op(Extend, "w1", "g", 1, "t1", 5, 6),
 		op(Claim, "w2", "g", 1, "t2", 40, 41), // t1 lapsed
@@ -59,7 +59,7 @@ func TestCatchesEachViolation(t *testing.T) {
 			ops[2].Seq, ops[4].Seq = 2, 2 // 2 before 1
 			ops[6].Seq, ops[7].Seq, ops[8].Seq = 2, 1, 1
 			return ops
-		}, 0, "first delivered after"},
+		}, 0, "published after it"},
 		{"a redelivery that is not the head", func(ops []Op) []Op {
 			return append(ops, op(Claim, "w4", "g", 1, "t4", 80, 81))
 		}, 0, "redelivered after"},
