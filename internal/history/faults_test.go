@@ -191,20 +191,64 @@ func TestFaults(t *testing.T) {
 		})
 	}
 
-	// Blocking workers.
+	// Blocking workers: 12 ClaimWait loops with the random faults, 2 that
+	// keep hot groups with AckNext, 2 that claim and ack in batches.
 	syncAck := func(ctx context.Context, l *pgtransport.Lease, _ time.Duration) error { return st.Ack(ctx, l) }
 	for w := range 16 {
 		worker := fmt.Sprint("s", w)
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				start := time.Now()
-				l, err := st.ClaimWait(ctx, worker, vis, 0)
-				if err != nil {
-					continue // ctx ended, or a connection killed: nothing was handed out that we know of
-				}
-				r.record(history.Claim, worker, l, start, nil)
-				if r.handle(worker, l, vis, syncAck, st.Nack, st.Extend) {
-					return // abandoned: this worker is gone
+				switch {
+				case w >= 14: // batches
+					ls, err := st.ClaimMany(ctx, worker, vis, 0, 8)
+					if err != nil {
+						continue
+					}
+					for _, l := range ls {
+						r.record(history.Claim, worker, l, start, nil)
+					}
+					if len(ls) == 0 {
+						time.Sleep(5 * time.Millisecond)
+						continue
+					}
+					start = time.Now()
+					errs, err := st.AckMany(context.Background(), ls)
+					for i, l := range ls {
+						if err == nil {
+							r.record(history.Ack, worker, l, start, errs[i])
+						} else {
+							r.record(history.Ack, worker, l, start, err)
+						}
+					}
+				case w >= 12: // a hot group kept under one lease
+					l, err := st.ClaimWait(ctx, worker, vis, 0)
+					if err != nil {
+						continue
+					}
+					r.record(history.Claim, worker, l, start, nil)
+					for l != nil {
+						if rand.IntN(50) == 0 {
+							r.f.abandoned.Add(1)
+							break // walk away from the kept lease: it lapses
+						}
+						start := time.Now()
+						next, err := st.AckNext(context.Background(), l, vis)
+						r.record(history.Ack, worker, l, start, err)
+						if next != nil {
+							r.record(history.Claim, worker, next, time.Now(), nil)
+						}
+						l = next
+					}
+				default:
+					l, err := st.ClaimWait(ctx, worker, vis, 0)
+					if err != nil {
+						continue // ctx ended, or a connection killed: nothing was handed out that we know of
+					}
+					r.record(history.Claim, worker, l, start, nil)
+					if r.handle(worker, l, vis, syncAck, st.Nack, st.Extend) {
+						return // abandoned: this worker is gone
+					}
 				}
 			}
 		})
@@ -284,7 +328,7 @@ func TestFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs, stats := history.Check(r.h.Ops(), msgs, grps)
-	t.Logf("%d messages over %d groups, 36 workers (16 blocking, 16 async, 4 publishers), %v: %d connections killed, %d leases abandoned, %d handlers past visibility (%d more kept alive by Extend), %d nacks, %d timeouts; %d deliveries, %d redeliveries, %d calls of unknown outcome; checker: %d violations",
+	t.Logf("%d messages over %d groups, 36 workers (16 blocking: 12 one at a time, 2 keeping hot groups, 2 in batches; 16 async; 4 publishers), %v: %d connections killed, %d leases abandoned, %d handlers past visibility (%d more kept alive by Extend), %d nacks, %d timeouts; %d deliveries, %d redeliveries, %d calls of unknown outcome; checker: %d violations",
 		stats.Published, groups, time.Since(started).Round(time.Second), r.f.kills.Load(), r.f.abandoned.Load(), r.f.slow.Load(), r.f.extended.Load(), r.f.nacks.Load(), r.f.timeouts.Load(), stats.Deliveries, stats.Redeliveries, stats.Unknown, len(errs))
 	if len(errs) > 0 {
 		t.Fatalf("history violations:\n%v", history.Join(errs))
