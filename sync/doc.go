@@ -1,5 +1,6 @@
-// Package sync is the blocking transport: every method is one round-trip to
-// PostgreSQL and returns when it is done. It starts no goroutines.
+// Package sync is the blocking transport: every method returns when it is
+// done, and all but ClaimWait (which waits for work) are one round-trip to
+// PostgreSQL. It starts no goroutines.
 //
 // The package name shadows the standard library's; import it as
 //
@@ -7,11 +8,13 @@
 //
 // # Guarantees
 //
-//   - FIFO per group: a group's messages are handed out in publish order
-//     (seq order), one at a time.
+//   - FIFO per group: a group's messages are handed out one at a time, in
+//     publish order: a message whose publish returned before another's
+//     began is handed out first. (Publishes racing into one group from two
+//     transactions are ordered by their commits.)
 //   - One holder per group: while a lease on a group holds, no other claim
 //     returns any message of that group; workers lease different groups in
-//     parallel (FOR UPDATE SKIP LOCKED, no global lock).
+//     parallel (FOR NO KEY UPDATE SKIP LOCKED, no global lock).
 //   - At least once: a published message is handed out until it is acked.
 //     A lease that is neither acked nor nacked lapses after its visibility,
 //     and the same message (still the head) goes to the next claimer.

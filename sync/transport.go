@@ -95,7 +95,8 @@ func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event strin
 
 // Claim leases the claimable group (priority >= minPriority) that was served
 // longest ago and returns its head, held for visibility. It returns nil, nil
-// when nothing is claimable; it does not wait for work. One round-trip.
+// when nothing is claimable; it does not wait for work (ClaimWait does).
+// One round-trip.
 func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
 	return t.core.Claim(ctx, workerID, visibility, minPriority)
 }
