@@ -124,17 +124,19 @@ BEGIN
         RAISE EXCEPTION 'harel_ack_many: arrays of different lengths' USING ERRCODE = '22023';
     END IF;
 
-    -- The fences, and locks that keep them ours until commit. In group
-    -- order, so two batches never lock each other's rows crosswise.
-    -- Joins, not per-row searches of the arrays: a batch of thousands
-    -- stays linear.
-    SELECT array_agg(g.group_id ORDER BY g.group_id), array_agg(g.locked_by ORDER BY g.group_id) INTO v_held, v_tok
-      FROM (SELECT g.group_id, g.locked_by
-              FROM transport_groups AS g
-             WHERE g.group_id = ANY (p_groups)
-               AND (g.group_id, g.locked_by) IN (SELECT a.gid, a.tok FROM unnest(p_groups, p_tokens) AS a(gid, tok))
-             ORDER BY g.group_id
-               FOR NO KEY UPDATE OF g) AS g;
+    -- The fences, and the locks that keep them ours until commit, in one
+    -- write: every held lease is extended to p_lease as if kept, so a kept
+    -- group is written once; the others are freed or deleted below. Joins,
+    -- not per-row searches of the arrays: a batch of thousands stays
+    -- linear.
+    WITH fenced AS (
+        UPDATE transport_groups AS g
+           SET lock_expiry = p_lease
+         WHERE g.group_id = ANY (p_groups)
+           AND (g.group_id, g.locked_by) IN (SELECT a.gid, a.tok FROM unnest(p_groups, p_tokens) AS a(gid, tok))
+        RETURNING g.group_id, g.locked_by
+    )
+    SELECT array_agg(f.group_id), array_agg(f.locked_by) INTO v_held, v_tok FROM fenced AS f;
 
     -- The held acks' messages, by primary key.
     SELECT array_agg(a.s) INTO v_seqs
@@ -165,10 +167,6 @@ BEGIN
         END IF;
         RETURN NEXT;
     END LOOP;
-
-    UPDATE transport_groups AS g
-       SET lock_expiry = p_lease
-     WHERE g.group_id = ANY (COALESCE(v_kept, '{}'));
 
     -- Drained, as far as committed data shows: delete the row only where
     -- no publisher is mid-transaction on the group (harel_ack's guard),
