@@ -199,13 +199,19 @@ func Open(maxConns int32) (*DB, error) {
 	return &DB{Schema: name, DSN: dsn, Pool: pool, admin: adm}, nil
 }
 
-// Drop closes the pool and drops the schema with everything in it.
+// Drop closes the pool and drops the schema with everything in it. It tries
+// three times: after a server restart (TestRestart) the shared admin pool's
+// first use finds its old connection gone.
 func (db *DB) Drop() error {
 	db.Pool.Close()
-	if _, err := db.admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE"); err != nil {
-		return fmt.Errorf("drop schema %s: %w", db.Schema, err)
+	var err error
+	for range 3 {
+		if _, err = db.admin.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{db.Schema}.Sanitize()+" CASCADE"); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return nil
+	return fmt.Errorf("drop schema %s: %w", db.Schema, err)
 }
 
 // Conn opens a single connection whose search_path is the test's schema,
