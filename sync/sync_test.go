@@ -349,3 +349,37 @@ func TestServerGone(t *testing.T) {
 	err = tr.Ack(ctx(t), &pgtransport.Lease{Group: "g", Seq: 1, Token: "w:x"})
 	is.True(err != nil && !errors.Is(err, pgtransport.ErrLeaseLost)) // unknown, not "lost"
 }
+
+// TestClaimInCallersTxKeepsCommitMode: a claim commits without waiting for
+// its WAL flush, but a Transport on the caller's transaction must not turn
+// that on for the caller's own writes.
+func TestClaimInCallersTxKeepsCommitMode(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema})
+	is.NoErr(err)
+	_, err = tr.Publish(ctx(t), "g", "e", 0)
+	is.NoErr(err)
+	tx, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	defer tx.Rollback(ctx(t))
+	inTx, err := pgsync.New(ctx(t), tx, pgtransport.Config{Schema: db.Schema, SkipApply: true})
+	is.NoErr(err)
+	l, err := inTx.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.True(l != nil)
+	var mode string
+	is.NoErr(tx.QueryRow(ctx(t), `SHOW synchronous_commit`).Scan(&mode))
+	is.Equal(mode, "on") // the caller's commit stays synchronous
+
+	conn, err := db.Pool.Acquire(ctx(t)) // and on a pool, the claim's own transaction only
+	is.NoErr(err)
+	defer conn.Release()
+	onConn, err := pgsync.New(ctx(t), conn.Conn(), pgtransport.Config{Schema: db.Schema, SkipApply: true})
+	is.NoErr(err)
+	_, err = onConn.Claim(ctx(t), "w", time.Minute, 0)
+	is.NoErr(err)
+	is.NoErr(conn.QueryRow(ctx(t), `SHOW synchronous_commit`).Scan(&mode))
+	is.Equal(mode, "on") // set_config(..., true) ended with the claim's transaction
+}

@@ -54,7 +54,11 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 			return nil, mapErr("apply schema", err)
 		}
 	}
-	return &Core{db: db, clock: cfg.Clock, maxEvent: cfg.MaxEventBytes, q: newStatements(cfg.Schema), cfg: cfg}, nil
+	q := newStatements(cfg.Schema)
+	if _, inTx := db.(pgx.Tx); inTx {
+		q.claim = q.claimInTx // a caller's transaction keeps its own commit mode
+	}
+	return &Core{db: db, clock: cfg.Clock, maxEvent: cfg.MaxEventBytes, q: q, cfg: cfg}, nil
 }
 
 // Defaults validates cfg and fills in the defaults its zero fields stand for.

@@ -27,6 +27,12 @@ const (
   FROM (SELECT ` + nowExpr + ` AS now, ` + asyncCommit + ` AS sc) AS t,
        LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
 
+	// claimInTxSQL is the claim inside a caller's transaction: it leaves
+	// synchronous_commit alone, which would apply to the caller's writes.
+	claimInTxSQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
+  FROM (SELECT ` + nowExpr + ` AS now) AS t,
+       LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
+
 	ackSQL = `SELECT {s}harel_ack($2::text, $3::bigint, $4::text, ` + nowExpr + `)`
 
 	nackSQL = `SELECT {s}harel_nack($2::text, $3::text, ` + nowExpr + `, $4::float8)`
@@ -59,6 +65,7 @@ const (
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	publish, claim, ack, nack, extend string
+	claimInTx                         string
 	wait, unwait, channel             string
 	publishMany, claimMany, exchange  string
 }
@@ -70,14 +77,15 @@ func newStatements(schema string) statements {
 	}
 	bind := func(q string) string { return strings.ReplaceAll(q, "{s}", prefix) }
 	return statements{
-		publish: bind(publishSQL),
-		claim:   bind(claimSQL),
-		ack:     bind(ackSQL),
-		nack:    bind(nackSQL),
-		extend:  bind(extendSQL),
-		wait:    bind(waitSQL),
-		unwait:  bind(unwaitSQL),
-		channel: bind(channelSQL),
+		publish:   bind(publishSQL),
+		claim:     bind(claimSQL),
+		claimInTx: bind(claimInTxSQL),
+		ack:       bind(ackSQL),
+		nack:      bind(nackSQL),
+		extend:    bind(extendSQL),
+		wait:      bind(waitSQL),
+		unwait:    bind(unwaitSQL),
+		channel:   bind(channelSQL),
 
 		publishMany: bind(publishManySQL),
 		claimMany:   bind(claimManySQL),
