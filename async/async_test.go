@@ -27,11 +27,7 @@ func TestMain(m *testing.M) {
 		"github.com/jackc/pgxlisten")
 }
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 
 // blocking adapts the async Transport to the blocking contract by waiting
 // on each call's channel.

@@ -2,6 +2,7 @@ package async_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,7 +38,9 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			}
 		}
 	})
-	_, err = db.Pool.Exec(ctx(t), schema.Grants(db.Schema, role))
+	grants, err := schema.Grants(db.Schema, role)
+	is.NoErr(err)
+	_, err = db.Pool.Exec(ctx(t), grants)
 	is.NoErr(err)
 
 	pcfg, err := pgxpool.ParseConfig(db.DSN)
@@ -95,4 +98,17 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			t.Errorf("%s: got %v, want permission denied", q, err)
 		}
 	}
+}
+
+func TestGrantsBadInput(t *testing.T) {
+	is := is.New(t)
+	_, err := schema.Grants("s", "")
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // a role is required
+	_, err = schema.Grants("pg_catalog", "w")
+	is.True(errors.Is(err, pgtransport.ErrInvalidSchema))
+	_, err = schema.Grants("s", "w\x00")
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	sql, err := schema.Grants("s", `w"; DROP TABLE x; --`)
+	is.NoErr(err)
+	is.True(strings.Contains(sql, `TO "w""; DROP TABLE x; --"`)) // quoted, never executed as written
 }

@@ -32,32 +32,37 @@ func (r *runner) claimAck(ctx context.Context) error {
 				if !r.cases.MatchString(fmt.Sprintf("%s/w%d/g%d", system, w, g)) {
 					continue
 				}
-				res := result{suite: "claimack", system: system, workers: w, groups: g, unit: "msgs/s"}
-				d, db, err := openDrainer(ctx, system, w)
-				if err != nil {
-					if db != nil {
-						_ = db.Drop()
-					}
+				if err := r.drainRuns(ctx, "claimack", system, w, g); err != nil {
 					return err
 				}
-				for run := range r.s.runs {
-					r.progress("claim+ack  %-8s workers=%-4d groups=%-6d run %d/%d", system, w, g, run+1, r.s.runs)
-					rate, err := r.drainOnce(ctx, d, db, w, g)
-					if err != nil {
-						d.close()
-						_ = db.Drop()
-						return fmt.Errorf("%s workers=%d groups=%d: %w", system, w, g, err)
-					}
-					res.runs = append(res.runs, rate)
-				}
-				d.close()
-				if err := db.Drop(); err != nil {
-					return err
-				}
-				r.add(res)
 			}
 		}
 	}
+	return nil
+}
+
+// drainRuns measures system with w workers over g groups, runs times, in a
+// schema of its own, and records the result under suite.
+func (r *runner) drainRuns(ctx context.Context, suite, system string, w, g int) error {
+	res := result{suite: suite, system: system, workers: w, groups: g, unit: "msgs/s"}
+	d, db, err := openDrainer(ctx, system, w)
+	if err != nil {
+		if db != nil {
+			_ = db.Drop()
+		}
+		return err
+	}
+	defer func() { _ = db.Drop() }()
+	defer d.close()
+	for run := range r.s.runs {
+		r.progress("%-10s %-9s workers=%-4d groups=%-6d run %d/%d", suite, system, w, g, run+1, r.s.runs)
+		rate, err := r.drainOnce(ctx, d, db, w, g)
+		if err != nil {
+			return fmt.Errorf("%s %s workers=%d groups=%d: %w", suite, system, w, g, err)
+		}
+		res.runs = append(res.runs, rate)
+	}
+	r.add(res)
 	return nil
 }
 
@@ -155,7 +160,7 @@ func (r *runner) publishCase(ctx context.Context, batch, publishers int, notify 
 	return nil
 }
 
-func (r *runner) publishOnce(ctx context.Context, publishers, batch int, notify bool) (float64, error) {
+func (r *runner) publishOnce(ctx context.Context, publishers, _ int, notify bool) (float64, error) {
 	db, err := pgtest.Open(int32(publishers) + 8)
 	if err != nil {
 		return 0, err
@@ -196,36 +201,7 @@ func (r *runner) publishOnce(ctx context.Context, publishers, batch int, notify 
 	for c.acked.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	var published atomic.Int64
-	stop := make(chan struct{})
-	timer := time.AfterFunc(r.s.window, func() { close(stop) })
-	defer timer.Stop()
-	start := time.Now()
-	err = parallel(publishers, func(p int) error {
-		msgs := make([]pgtransport.Message, batch)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return nil
-			default:
-			}
-			if batch == 1 {
-				if _, err := pub.Publish(ctx, fmt.Sprintf("wf-%d-%d", p, i), "e", 0); err != nil {
-					return err
-				}
-				published.Add(1)
-				continue
-			}
-			for j := range msgs {
-				msgs[j] = pgtransport.Message{Group: fmt.Sprintf("wf-%d-%d-%d", p, i, j), Event: "e"}
-			}
-			if _, err := pub.PublishMany(ctx, msgs); err != nil {
-				return err
-			}
-			published.Add(int64(batch))
-		}
-	})
-	elapsed := time.Since(start)
+	published, elapsed, err := r.publishFor(ctx, pub, publishers, 1)
 	s.Close()
 	if err := <-consumed; err != nil {
 		return 0, err
@@ -233,10 +209,10 @@ func (r *runner) publishOnce(ctx context.Context, publishers, batch int, notify 
 	if err != nil {
 		return 0, err
 	}
-	if err := c.verify(ctx, db, 1000+published.Load()); err != nil {
+	if err := c.verify(ctx, db, 1000+published); err != nil {
 		return 0, err
 	}
-	return float64(published.Load()) / elapsed.Seconds(), nil
+	return float64(published) / elapsed.Seconds(), nil
 }
 
 // hotGroup: one group with a deep backlog, 1 worker against 64: idle
@@ -245,29 +221,9 @@ func (r *runner) publishOnce(ctx context.Context, publishers, batch int, notify 
 func (r *runner) hotGroup(ctx context.Context) error {
 	for _, system := range []string{"sync-keep", "async"} {
 		for _, w := range []int{1, 64} {
-			res := result{suite: "hotgroup", system: system, workers: w, groups: 1, unit: "msgs/s"}
-			d, db, err := openDrainer(ctx, system, w)
-			if err != nil {
-				if db != nil {
-					_ = db.Drop()
-				}
+			if err := r.drainRuns(ctx, "hotgroup", system, w, 1); err != nil {
 				return err
 			}
-			for run := range r.s.runs {
-				r.progress("hot group  %-9s workers=%-2d run %d/%d", system, w, run+1, r.s.runs)
-				rate, err := r.drainOnce(ctx, d, db, w, 1)
-				if err != nil {
-					d.close()
-					_ = db.Drop()
-					return fmt.Errorf("hot group %s workers=%d: %w", system, w, err)
-				}
-				res.runs = append(res.runs, rate)
-			}
-			d.close()
-			if err := db.Drop(); err != nil {
-				return err
-			}
-			r.add(res)
 		}
 	}
 	return nil
@@ -315,6 +271,41 @@ func (r *runner) commits(ctx context.Context) error {
 	return nil
 }
 
+// publishFor publishes from publishers goroutines for the window, each
+// message to a new group: one Publish per message, or PublishMany batches.
+func (r *runner) publishFor(ctx context.Context, pub *pgsync.Transport, publishers, batch int) (int64, time.Duration, error) {
+	var published atomic.Int64
+	stop := make(chan struct{})
+	timer := time.AfterFunc(r.s.window, func() { close(stop) })
+	defer timer.Stop()
+	start := time.Now()
+	err := parallel(publishers, func(p int) error {
+		msgs := make([]pgtransport.Message, batch)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			if batch == 1 {
+				if _, err := pub.Publish(ctx, fmt.Sprintf("wf-%d-%d", p, i), "e", 0); err != nil {
+					return err
+				}
+				published.Add(1)
+				continue
+			}
+			for j := range msgs {
+				msgs[j] = pgtransport.Message{Group: fmt.Sprintf("wf-%d-%d-%d", p, i, j), Event: "e"}
+			}
+			if _, err := pub.PublishMany(ctx, msgs); err != nil {
+				return err
+			}
+			published.Add(int64(batch))
+		}
+	})
+	return published.Load(), time.Since(start), err
+}
+
 // publishBatchOnce: PublishMany batches of batch messages, each to a new
 // group. notify on: a consumer waits the whole time (a waiter row that
 // never lapses), so every batch sends a notification; off: none waits.
@@ -334,29 +325,7 @@ func (r *runner) publishBatchOnce(ctx context.Context, publishers, batch int, no
 		}
 	}
 	notes := listen(ctx, db)
-	var published atomic.Int64
-	stop := make(chan struct{})
-	timer := time.AfterFunc(r.s.window, func() { close(stop) })
-	defer timer.Stop()
-	start := time.Now()
-	err = parallel(publishers, func(p int) error {
-		msgs := make([]pgtransport.Message, batch)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return nil
-			default:
-			}
-			for j := range msgs {
-				msgs[j] = pgtransport.Message{Group: fmt.Sprintf("wf-%d-%d-%d", p, i, j), Event: "e"}
-			}
-			if _, err := pub.PublishMany(ctx, msgs); err != nil {
-				return err
-			}
-			published.Add(int64(batch))
-		}
-	})
-	elapsed := time.Since(start)
+	published, elapsed, err := r.publishFor(ctx, pub, publishers, batch)
 	if err != nil {
 		return 0, err
 	}
@@ -364,7 +333,7 @@ func (r *runner) publishBatchOnce(ctx context.Context, publishers, batch int, no
 	if err != nil {
 		return 0, err
 	}
-	batches := published.Load() / int64(batch)
+	batches := published / int64(batch)
 	if notify && int64(n) != batches || !notify && n != 0 {
 		return 0, fmt.Errorf("publish: %d notifications for %d batches (notify %v)", n, batches, notify)
 	}
@@ -372,10 +341,10 @@ func (r *runner) publishBatchOnce(ctx context.Context, publishers, batch int, no
 	if err != nil {
 		return 0, err
 	}
-	if int64(left) != published.Load() {
-		return 0, fmt.Errorf("publish: %d published, %d in the table", published.Load(), left)
+	if int64(left) != published {
+		return 0, fmt.Errorf("publish: %d published, %d in the table", published, left)
 	}
-	return float64(published.Load()) / elapsed.Seconds(), nil
+	return float64(published) / elapsed.Seconds(), nil
 }
 
 // listen counts the notifications on db's queue channel on a connection

@@ -14,6 +14,7 @@ package notify
 import (
 	"context"
 	"errors"
+	"fmt"
 	stdsync "sync"
 	"time"
 
@@ -22,6 +23,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgxlisten"
+
+	"github.com/pgtransport/pgtransport"
 )
 
 // ErrClosed is returned by Subscribe after Close.
@@ -80,7 +83,7 @@ type channel struct {
 // New returns a Listener; it connects on the first Subscribe.
 func New(cfg Config) (*Listener, error) {
 	if cfg.Connect == nil {
-		return nil, errors.New("notify: Config.Connect is nil")
+		return nil, fmt.Errorf("notify: %w: Config.Connect is nil", pgtransport.ErrInvalidConfig)
 	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 100 * time.Millisecond
@@ -121,7 +124,7 @@ func (s *Subscription) Close() {
 // once to listen on it too; its other subscribers get a wake-up for that.
 func (l *Listener) Subscribe(name string) (*Subscription, error) {
 	if name == "" {
-		return nil, errors.New("notify: empty channel name")
+		return nil, fmt.Errorf("notify: %w: empty channel name", pgtransport.ErrInvalidConfig)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

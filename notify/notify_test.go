@@ -8,6 +8,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/pgtest"
 	"github.com/pgtransport/pgtransport/notify"
 )
@@ -16,11 +17,7 @@ func TestMain(m *testing.M) {
 	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/notify", "github.com/jackc/pgxlisten")
 }
 
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 
 // wait receives from c or fails the test after a minute.
 func wait(t *testing.T, c <-chan struct{}, what string) {
@@ -145,4 +142,9 @@ func TestBadConfig(t *testing.T) {
 	is := is.New(t)
 	_, err := notify.New(notify.Config{})
 	is.True(err != nil) // Connect is required
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	db := pgtest.New(t, 2)
+	l := newListener(t, db)
+	_, err = l.Subscribe("")
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // a channel needs a name
 }

@@ -239,8 +239,16 @@ func SQL() string {
 // calls and the wake-ups. The role needs no other privilege; it cannot
 // change the tables or replace the functions (only their owner, the role
 // that applies the schema, can), and it cannot VACUUM them
-// (Config.Vacuum needs the owner too). Identifiers are quoted.
-func Grants(schema, role string) string {
+// (Config.Vacuum needs the owner too). Identifiers are quoted. An empty
+// role is ErrInvalidConfig; a schema name ValidateName refuses is
+// ErrInvalidSchema.
+func Grants(schema, role string) (string, error) {
+	if err := ValidateName(schema); err != nil {
+		return "", err
+	}
+	if role == "" || !utf8.ValidString(role) || strings.ContainsRune(role, 0) {
+		return "", fmt.Errorf("%w: role name %q", pgtransport.ErrInvalidConfig, role)
+	}
 	s := pgx.Identifier{cmp.Or(schema, "public")}.Sanitize()
 	r := pgx.Identifier{role}.Sanitize()
 	return strings.Join([]string{
@@ -249,5 +257,5 @@ func Grants(schema, role string) string {
 		"GRANT SELECT ON " + s + ".transport_schema_version TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
-	}, ";\n") + ";\n"
+	}, ";\n") + ";\n", nil
 }

@@ -70,7 +70,7 @@ func roundTrip(t *testing.T, tr *pgsync.Transport, db *pgtest.DB, group, event s
 
 func fuzzTransport(tb testing.TB) (*pgsync.Transport, *pgtest.DB) {
 	db := pgtest.New(tb, 4)
-	tr, err := pgsync.New(ctx2(tb), db.Pool, pgtransport.Config{Schema: db.Schema, MaxEventBytes: 64 << 10})
+	tr, err := pgsync.New(ctx(tb), db.Pool, pgtransport.Config{Schema: db.Schema, MaxEventBytes: 64 << 10})
 	if err != nil {
 		tb.Fatal(err)
 	}

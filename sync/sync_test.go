@@ -36,14 +36,7 @@ func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) contract.Transport
 
 func TestContract(t *testing.T) { contract.Run(t, open) }
 
-func ctx(t *testing.T) context.Context { return ctx2(t) }
-
-// ctx2 is ctx for any testing.TB (fuzz targets too).
-func ctx2(tb testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	tb.Cleanup(cancel)
-	return c
-}
+func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 
 func TestPublishTx(t *testing.T) {
 	t.Parallel()

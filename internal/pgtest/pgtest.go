@@ -230,3 +230,11 @@ func (db *DB) Conn(tb testing.TB) *pgx.Conn {
 	tb.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
+
+// Context returns a context that ends after a minute or when tb ends,
+// whichever comes first: the bound for one test's database calls.
+func Context(tb testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	tb.Cleanup(cancel)
+	return c
+}
