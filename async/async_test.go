@@ -274,6 +274,63 @@ func TestBackPressure(t *testing.T) {
 	is.True(receive(t, s, time.Minute) != nil) // a settled lease frees a slot
 }
 
+// TestBackPressureWhileBusy: with acks streaming in, and so two round-trips
+// in flight at times, the leases the database shows held never exceed
+// MaxInFlight, and nothing is handed out twice or out of order.
+func TestBackPressureWhileBusy(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, st, db := setup(t, pgtransport.Config{})
+	const groups, per, limit = 300, 3, 8
+	msgs := make([]pgtransport.Message, 0, groups*per)
+	for i := range per {
+		for g := range groups {
+			msgs = append(msgs, pgtransport.Message{Group: fmt.Sprint("g", g), Event: fmt.Sprint(i)})
+		}
+	}
+	_, err := st.PublishMany(ctx(t), msgs)
+	is.NoErr(err)
+	var (
+		most, held int
+		sampleErr  error
+		stop       = make(chan struct{})
+		sampled    = make(chan struct{})
+	)
+	go func() { // sample what the database shows held until the drain ends
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			sampleErr = db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`).Scan(&held)
+			if sampleErr != nil {
+				return
+			}
+			most = max(most, held)
+		}
+	}()
+	s := stream(t, tr, async.StreamConfig{MaxInFlight: limit})
+	next := map[string]int{}
+	var wg stdsync.WaitGroup
+	for range groups * per {
+		l := receive(t, s, time.Minute)
+		if want := fmt.Sprint(next[l.Group]); l.Event != want {
+			t.Errorf("group %s: got event %s, want %s", l.Group, l.Event, want)
+		}
+		next[l.Group]++
+		wg.Go(func() { is.NoErr(<-tr.Ack(ctx(t), l)) })
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	is.NoErr(sampleErr)
+	is.True(most > 0)      // the sampler saw the stream at work
+	is.True(most <= limit) // and never more leases than MaxInFlight
+	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
+}
+
 // TestCloseGivesBack: closing a stream hands back the lease it claimed but
 // never delivered, at once, and closes the channel.
 func TestCloseGivesBack(t *testing.T) {

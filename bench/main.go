@@ -115,6 +115,14 @@ type result struct {
 	workers, groups        int
 	unit                   string // "msgs/s" or "ms"
 	runs                   []float64
+	cpu                    []float64 // machine CPU microseconds per message, per run; empty where unknown
+}
+
+// addCPU records a run's CPU cost; 0 (unknown) drops the column.
+func (res *result) addCPU(us float64) {
+	if us > 0 {
+		res.cpu = append(res.cpu, us)
+	}
 }
 
 type runner struct {

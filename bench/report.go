@@ -8,8 +8,19 @@ import (
 	"strings"
 )
 
-func (res result) median() float64 {
-	s := slices.Clone(res.runs)
+func (res result) median() float64 { return median(res.runs) }
+
+// cpuFigure is the median CPU cost per message, or "-" where unknown for
+// some run.
+func (res result) cpuFigure() string {
+	if len(res.cpu) == 0 || len(res.cpu) != len(res.runs) {
+		return "-"
+	}
+	return strconv.FormatFloat(median(res.cpu), 'f', 0, 64)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
 	slices.Sort(s)
 	n := len(s)
 	if n%2 == 1 {
@@ -74,7 +85,8 @@ func (r *runner) table() string {
 	if r.has("claimack") {
 		b.WriteString("\n### Claim+ack throughput (msgs/s; River: jobs/s)\n\n")
 		b.WriteString("River has no per-group order and no one-holder-per-group: it is the queue users would pick instead, not the same contract.\n\n")
-		b.WriteString("| system | workers | groups | msgs/s | vs River | vs baseline |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("CPU: the whole machine's busy time (client, server, kernel) per message, in microseconds; 2 cores give 2,000,000 a second, so a run with CPU x msgs/s near that is CPU-bound.\n\n")
+		b.WriteString("| system | workers | groups | msgs/s | CPU µs/msg | vs River | vs baseline |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, res := range r.results {
 			if res.suite != "claimack" {
 				continue
@@ -85,14 +97,14 @@ func (r *runner) table() string {
 			}
 			river, rok := r.find("claimack", "river", "", res.workers, 0)
 			base, bok := r.find("claimack", "baseline", "", res.workers, res.groups)
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s |\n", res.system, res.workers, groups, figure(res),
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", res.system, res.workers, groups, figure(res), res.cpuFigure(),
 				ratio(res, river, rok && res.system != "river"), ratio(res, base, bok && res.system != "baseline" && res.system != "river"))
 		}
 		b.WriteString("\nbaseline: the design this project replaced, every claim serialized behind one global pg_advisory_xact_lock.\n")
 	}
 	if r.has("commits") {
 		c, _ := r.find("commits", "postgres", "", 16, 0)
-		fmt.Fprintf(&b, "\n### The server's commit rate\n\n16 clients, single-row insert transactions: %s commits/s. A blocking claim+ack is two commits per message: its ceiling is %s msgs/s.\n", figure(c), num(c.median()/2))
+		fmt.Fprintf(&b, "\n### The server's commit rate\n\n16 clients, single-row insert transactions: %s commits/s (CPU %s µs per commit). A blocking claim+ack is two commits per message: its ceiling is %s msgs/s.\n", figure(c), c.cpuFigure(), num(c.median()/2))
 		if s, ok := r.find("claimack", "sync", "", 16, 10_000); ok {
 			fmt.Fprintf(&b, "sync, 16 workers, 10,000 groups: %s msgs/s = %.0f%% of that ceiling.\n", num(s.median()), 100*s.median()/(c.median()/2))
 		}
@@ -147,15 +159,19 @@ func (r *runner) has(suite string) bool {
 // csv has one line per figure, with every run.
 func (r *runner) csv() string {
 	var b strings.Builder
-	b.WriteString("suite,system,variant,workers,groups,unit,median,min,max,runs\n")
+	b.WriteString("suite,system,variant,workers,groups,unit,median,min,max,runs,cpu_us_per_msg\n")
 	for _, res := range r.results {
 		lo, hi := res.spread()
 		runs := make([]string, len(res.runs))
 		for i, v := range res.runs {
 			runs[i] = strconv.FormatFloat(v, 'f', 3, 64)
 		}
-		fmt.Fprintf(&b, "%s,%s,%s,%d,%d,%s,%.3f,%.3f,%.3f,%s\n", res.suite, res.system, res.variant,
-			res.workers, res.groups, res.unit, res.median(), lo, hi, strings.Join(runs, ";"))
+		cpu := res.cpuFigure()
+		if cpu == "-" {
+			cpu = ""
+		}
+		fmt.Fprintf(&b, "%s,%s,%s,%d,%d,%s,%.3f,%.3f,%.3f,%s,%s\n", res.suite, res.system, res.variant,
+			res.workers, res.groups, res.unit, res.median(), lo, hi, strings.Join(runs, ";"), cpu)
 	}
 	return b.String()
 }

@@ -52,9 +52,10 @@ func openRiver(ctx context.Context, workers int) (*riverBench, error) {
 func (r *riverBench) close() { _ = r.db.Drop() }
 
 // run inserts n jobs in bulk, then works them with workers and returns the
-// time from start to the last completion. Fetch settings are River's own
+// time from start to the last completion, and the machine's CPU
+// microseconds per job in that time. Fetch settings are River's own
 // benchmark's (river bench): FetchCooldown 2 ms, FetchPollInterval 20 ms.
-func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, error) {
+func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, float64, error) {
 	ws := river.NewWorkers()
 	river.AddWorker(ws, noopWorker{})
 	client, err := river.NewClient(riverpgxv5.New(r.db.Pool), &river.Config{
@@ -66,23 +67,23 @@ func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, er
 		Logger:            discardLogger(),
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if _, err := r.db.Pool.Exec(ctx, `TRUNCATE river_job`); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	params := make([]river.InsertManyParams, n)
 	for i := range params {
 		params[i] = river.InsertManyParams{Args: noopArgs{}}
 	}
 	if _, err := client.InsertManyFast(ctx, params); err != nil {
-		return 0, fmt.Errorf("river insert: %w", err)
+		return 0, 0, fmt.Errorf("river insert: %w", err)
 	}
 	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{ChanSize: n + 16, Kinds: []river.EventKind{river.EventKindJobCompleted}})
 	defer cancel()
-	start := time.Now()
+	before, start := readCPU(), time.Now()
 	if err := client.Start(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	timeout := time.After(2 * time.Minute)
 	for done := 0; done < n; {
@@ -91,21 +92,22 @@ func (r *riverBench) run(ctx context.Context, workers, n int) (time.Duration, er
 			done++
 		case <-timeout:
 			_ = client.Stop(ctx)
-			return 0, fmt.Errorf("river: %d of %d jobs completed in 2 minutes", done, n)
+			return 0, 0, fmt.Errorf("river: %d of %d jobs completed in 2 minutes", done, n)
 		}
 	}
-	elapsed := time.Since(start)
+	elapsed, after := time.Since(start), readCPU()
 	if err := client.Stop(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var completed int
 	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&completed); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if completed != n {
-		return 0, fmt.Errorf("river: %d jobs completed, %d inserted", completed, n)
+		return 0, 0, fmt.Errorf("river: %d jobs completed, %d inserted", completed, n)
 	}
-	return elapsed, nil
+	cpu, _ := perOp(before, after, int64(n))
+	return elapsed, cpu, nil
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

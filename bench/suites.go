@@ -56,38 +56,42 @@ func (r *runner) drainRuns(ctx context.Context, suite, system string, w, g int) 
 	defer d.close()
 	for run := range r.s.runs {
 		r.progress("%-10s %-9s workers=%-4d groups=%-6d run %d/%d", suite, system, w, g, run+1, r.s.runs)
-		rate, err := r.drainOnce(ctx, d, db, w, g)
+		rate, cpu, err := r.drainOnce(ctx, d, db, w, g)
 		if err != nil {
 			return fmt.Errorf("%s %s workers=%d groups=%d: %w", suite, system, w, g, err)
 		}
 		res.runs = append(res.runs, rate)
+		res.addCPU(cpu)
 	}
 	r.add(res)
 	return nil
 }
 
-func (r *runner) drainOnce(ctx context.Context, d drainer, db *pgtest.DB, workers, groups int) (float64, error) {
+// drainOnce returns msgs/s and the machine's CPU microseconds per message
+// (0 where it cannot tell).
+func (r *runner) drainOnce(ctx context.Context, d drainer, db *pgtest.DB, workers, groups int) (rate, cpu float64, err error) {
 	n := max(r.s.backlog, 2*groups)
 	if _, err := db.Pool.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := preload(ctx, db, n, groups); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	c := newChecker(int64(n))
 	stop := make(chan struct{})
 	timer := time.AfterFunc(r.s.window, func() { close(stop) })
-	start := time.Now()
-	err := d.drain(ctx, workers, stop, c)
-	elapsed := time.Since(start)
+	before, start := readCPU(), time.Now()
+	err = d.drain(ctx, workers, stop, c)
+	elapsed, after := time.Since(start), readCPU()
 	timer.Stop()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := c.verify(ctx, db, int64(n)); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(c.acked.Load()) / elapsed.Seconds(), nil
+	cpu, _ = perOp(before, after, c.acked.Load())
+	return float64(c.acked.Load()) / elapsed.Seconds(), cpu, nil
 }
 
 // river: the same worker counts and more, since River scales with workers.
@@ -100,7 +104,7 @@ func (r *runner) river(ctx context.Context) error {
 		}
 		// A pilot run sizes the batch so a run lasts about the window.
 		r.progress("river      workers=%-4d pilot", w)
-		pilot, err := rb.run(ctx, w, 1000)
+		pilot, _, err := rb.run(ctx, w, 1000)
 		if err != nil {
 			rb.close()
 			return err
@@ -108,12 +112,13 @@ func (r *runner) river(ctx context.Context) error {
 		n := int(min(max(1000/pilot.Seconds()*r.s.window.Seconds(), 500), 200_000))
 		for run := range r.s.runs {
 			r.progress("river      workers=%-4d jobs=%d run %d/%d", w, n, run+1, r.s.runs)
-			elapsed, err := rb.run(ctx, w, n)
+			elapsed, cpu, err := rb.run(ctx, w, n)
 			if err != nil {
 				rb.close()
 				return err
 			}
 			res.runs = append(res.runs, float64(n)/elapsed.Seconds())
+			res.addCPU(cpu)
 		}
 		rb.close()
 		r.add(res)
@@ -247,7 +252,7 @@ func (r *runner) commits(ctx context.Context) error {
 		var n atomic.Int64
 		stop := make(chan struct{})
 		timer := time.AfterFunc(r.s.window, func() { close(stop) })
-		start := time.Now()
+		before, start := readCPU(), time.Now()
 		err := parallel(16, func(int) error {
 			for {
 				select {
@@ -261,11 +266,14 @@ func (r *runner) commits(ctx context.Context) error {
 				n.Add(1)
 			}
 		})
+		elapsed, after := time.Since(start), readCPU()
 		timer.Stop()
 		if err != nil {
 			return err
 		}
-		res.runs = append(res.runs, float64(n.Load())/time.Since(start).Seconds())
+		res.runs = append(res.runs, float64(n.Load())/elapsed.Seconds())
+		cpu, _ := perOp(before, after, n.Load())
+		res.addCPU(cpu)
 	}
 	r.add(res)
 	return nil

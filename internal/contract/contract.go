@@ -436,6 +436,31 @@ var cases = []testCase{
 		is.Equal(m+g, 0)
 	}},
 
+	{"ack many settles a lease named twice once: the repeat is reported lost", func(is *is.I, e *env) {
+		e.publish("a", "a1", 0)
+		e.publish("a", "a2", 0)
+		e.publish("b", "b1", 0)
+		ls, err := e.tr.ClaimMany(e.ctx(), "w1", time.Minute, 0, 2)
+		is.NoErr(err)
+		is.Equal(len(ls), 2)
+		a, b := ls[0], ls[1]
+		if a.Group != "a" {
+			a, b = b, a
+		}
+		errs, err := e.tr.AckMany(e.ctx(), []*pgtransport.Lease{a, b, a, a})
+		is.NoErr(err)
+		is.Equal(len(errs), 4)
+		is.NoErr(errs[0]) // the first naming of a settles it
+		is.NoErr(errs[1])
+		is.True(errors.Is(errs[2], pgtransport.ErrLeaseLost)) // the repeats settle nothing
+		is.True(errors.Is(errs[3], pgtransport.ErrLeaseLost))
+		m, _ := e.rows()
+		is.Equal(m, 1) // a1 and b1 acked, a2 left: one message deleted per lease
+		next := e.claim("w2", 0)
+		is.Equal(next.Event, "a2")
+		e.ack(next)
+	}},
+
 	{"ack next keeps a hot group for MaxKeep messages, then serves the others", func(is *is.I, e *env) {
 		for i := range pgtransport.DefaultMaxKeep + 4 {
 			e.publish("hot", event("hot", i), 0)
