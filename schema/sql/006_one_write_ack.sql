@@ -1,14 +1,20 @@
 -- 006_one_write_ack.sql: an ack writes its group row once.
 --
 -- harel_ack (001) locked the group row (a lock record in the WAL), then
--- rewrote it to free it; harel_ack_many (004) extended every held row as if
--- kept, then rewrote those it did not keep. Every rewrite of a group row is
--- a new row version plus an entry in each of its two indexes (lock_expiry
--- is indexed, so none is HOT). Now the fence is the write: one UPDATE checks
--- the token, locks the row until commit, and frees it (or, when kept,
--- extends it). Only a kept lease whose group turns out drained is written a
--- second time. Same signatures, same results, same guard for drained groups.
--- Idempotent.
+-- rewrote it to free it, or deleted it when drained; harel_ack_many (004)
+-- extended every held row as if kept, then rewrote or deleted those it did
+-- not keep. Every rewrite of a group row is a new row version plus an entry
+-- in each of its two indexes (lock_expiry is indexed, so none is HOT).
+--
+-- Now an ack first looks at the group's next message, before any lock: if
+-- the ack's token still holds the group, nothing but this ack can remove
+-- that message (only a holder deletes messages), so what it sees is the
+-- head after the ack. Then the fence is the one write: where the group
+-- looks drained, a DELETE that checks the token and, after the try-lock of
+-- harel_ack's guard, that no other message is there; otherwise an UPDATE
+-- that checks the token and frees the row (or extends it, when kept). A
+-- message published meanwhile is seen by the guard's re-check: the row is
+-- then freed instead. Same signatures, same results. Idempotent.
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group. Otherwise it deletes message p_seq and frees the group with
@@ -25,28 +31,28 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    -- The fence, the lock that keeps it ours until commit, and the free.
-    UPDATE transport_groups AS g
-       SET locked_by = NULL, lock_expiry = p_now
-     WHERE g.group_id = p_group AND g.locked_by = p_token;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-
-    DELETE FROM transport_messages AS m
-     WHERE m.seq = p_seq AND m.group_id = p_group;
-
-    -- Drained, as far as committed data shows (a statement after the lock)?
-    -- Then delete the row, unless a publisher is mid-transaction on the
-    -- group (it holds the group's lock, shared; see harel_hold_group): the
-    -- deleting statement runs after the try-lock, so it sees every message
-    -- committed before it.
-    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
+    -- Drained after this ack, as far as committed data shows, and no
+    -- publisher mid-transaction on the group (it holds the group's lock,
+    -- shared; see harel_hold_group)? Then the fence deletes the row: the
+    -- DELETE runs after the try-lock, so it sees every message committed
+    -- before it.
+    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
        AND pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(p_group)) THEN
         DELETE FROM transport_groups AS g
-         WHERE g.group_id = p_group
-           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group);
+         WHERE g.group_id = p_group AND g.locked_by = p_token
+           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
     END IF;
+    IF NOT FOUND THEN
+        -- The fence, the lock that keeps it ours until commit, and the free.
+        UPDATE transport_groups AS g
+           SET locked_by = NULL, lock_expiry = p_now
+         WHERE g.group_id = p_group AND g.locked_by = p_token;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+    END IF;
+    DELETE FROM transport_messages AS m
+     WHERE m.seq = p_seq AND m.group_id = p_group;
     RETURN true;
 END
 $$;
@@ -74,14 +80,14 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_held    TEXT[];    -- groups whose token held
-    v_seqs    BIGINT[];  -- their acked messages
-    v_at      BIGINT[];  -- their places in the input
-    v_keep    BOOLEAN[]; -- whether they were extended rather than freed
-    v_drained TEXT[];
-    v_unkept  TEXT[];    -- extended, but drained: to free unless deleted
-    v_gone    TEXT[];
-    r         RECORD;
+    v_first  BOOLEAN[];  -- per input: the first naming of its group
+    v_next   BIGINT[];   -- per input: the group's next message, if any
+    v_events TEXT[];
+    v_try    TEXT[];     -- groups that look drained, try-locked
+    v_at     BIGINT[];   -- input places of the held leases
+    v_kept   BOOLEAN[];  -- and whether each was kept
+    v_groups TEXT[];     -- and their groups and acked messages
+    v_seqs   BIGINT[];
 BEGIN
     IF p_groups IS NULL OR cardinality(p_groups) = 0 THEN
         RETURN;
@@ -91,76 +97,108 @@ BEGIN
         RAISE EXCEPTION 'harel_ack_many: arrays of different lengths' USING ERRCODE = '22023';
     END IF;
 
-    -- The fences, the locks that keep them ours until commit, and the
-    -- frees (or extensions, where keeping is asked) in one write per row.
-    -- A group named twice counts once, at its first place. Joins, not
-    -- per-row searches of the arrays: a batch of thousands stays linear.
+    -- Each lease's next message, before any lock (see the top of the file).
+    SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
+           array_agg(x.gid) FILTER (WHERE x.first AND x.seq IS NULL)
+      INTO v_first, v_next, v_events, v_try
+      FROM (SELECT u.gid, u.i, h.seq, h.event,
+                   row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
+              FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
+              LEFT JOIN LATERAL (
+                    SELECT m.seq, m.event
+                      FROM transport_messages AS m
+                     WHERE m.group_id = u.gid AND m.seq <> u.s
+                     ORDER BY m.seq
+                     LIMIT 1) AS h ON true) AS x;
+
+    -- Those that look drained: the guard's try-lock, then, in a statement
+    -- after it, the fence that deletes the row if still no other message.
+    IF v_try IS NOT NULL THEN
+        SELECT array_agg(d) INTO v_try
+          FROM unnest(v_try) AS d
+         WHERE pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(d));
+        WITH gone AS (
+            DELETE FROM transport_groups AS g
+             USING unnest(p_groups, p_seqs, p_tokens, v_first) WITH ORDINALITY AS a(gid, s, tok, first, i)
+             WHERE g.group_id = ANY (COALESCE(v_try, '{}'))
+               AND a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
+            RETURNING a.i, g.group_id, a.s
+        )
+        SELECT array_agg(x.i), array_agg(false), array_agg(x.group_id), array_agg(x.s)
+          INTO v_at, v_kept, v_groups, v_seqs
+          FROM gone AS x;
+    END IF;
+
+    -- The rest: the fence that frees the row, or extends it where kept. A
+    -- group that looked drained but was not deleted is freed.
     WITH fenced AS (
         UPDATE transport_groups AS g
-           SET locked_by   = CASE WHEN a.keep THEN g.locked_by END,
-               lock_expiry = CASE WHEN a.keep THEN p_lease ELSE p_now END
-          FROM (SELECT DISTINCT ON (u.gid) u.gid, u.s, u.tok, u.keep, u.i
-                  FROM unnest(p_groups, p_seqs, p_tokens, p_keep) WITH ORDINALITY AS u(gid, s, tok, keep, i)
-                 ORDER BY u.gid, u.i) AS a
+           SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
+               lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
+          FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
          WHERE g.group_id = ANY (p_groups)
-           AND g.group_id = a.gid AND g.locked_by = a.tok
-        RETURNING g.group_id, a.s, a.i, a.keep
+           AND a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+        RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
     )
-    SELECT array_agg(f.group_id), array_agg(f.s), array_agg(f.i), array_agg(f.keep)
-      INTO v_held, v_seqs, v_at, v_keep
+    SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
+           COALESCE(v_groups, '{}') || array_agg(f.group_id), COALESCE(v_seqs, '{}') || array_agg(f.s)
+      INTO v_at, v_kept, v_groups, v_seqs
       FROM fenced AS f;
 
-    -- The held acks' messages, by primary key, each with its own group.
+    -- The held leases' messages, by primary key, each with its own group.
     DELETE FROM transport_messages AS m
      WHERE m.seq = ANY (v_seqs)
-       AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_held));
+       AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_groups));
 
-    -- Next heads, in a statement after the deletes and the locks.
-    FOR r IN
-        SELECT a.gid, COALESCE(v.keep, false) AS keep, (v.i IS NOT NULL) AS ok, h.seq, h.event
-          FROM unnest(p_groups) WITH ORDINALITY AS a(gid, i)
-          LEFT JOIN unnest(v_at, v_keep) AS v(i, keep) ON v.i = a.i
-          LEFT JOIN LATERAL (
-                SELECT m.seq, m.event
-                  FROM transport_messages AS m
-                 WHERE m.group_id = a.gid AND v.i IS NOT NULL
-                 ORDER BY m.seq
-                 LIMIT 1) AS h ON true
-         ORDER BY a.i
-    LOOP
-        group_id := r.gid; held := r.ok; next_seq := NULL; next_event := NULL;
-        IF r.ok AND r.seq IS NULL THEN
-            v_drained := v_drained || r.gid;
-            IF r.keep THEN
-                v_unkept := v_unkept || r.gid;
-            END IF;
-        ELSIF r.ok AND r.keep THEN
-            next_seq := r.seq; next_event := r.event;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-    IF v_drained IS NULL THEN
-        RETURN;
-    END IF;
+    RETURN QUERY
+        SELECT a.gid, h.i IS NOT NULL,
+               CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END
+          FROM unnest(p_groups, v_next, v_events) WITH ORDINALITY AS a(gid, nxt, event, i)
+          LEFT JOIN unnest(v_at, v_kept) AS h(i, kept) ON h.i = a.i
+         ORDER BY a.i;
+END
+$$;
 
-    -- Drained, as far as committed data shows: delete the row only where
-    -- no publisher is mid-transaction on the group (harel_ack's guard),
-    -- re-checked in a statement after the try-lock; free the extended ones
-    -- left.
-    SELECT array_agg(d) INTO v_gone
-      FROM unnest(v_drained) AS d
-     WHERE pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(d));
-    WITH deleted AS (
-        DELETE FROM transport_groups AS g
-         WHERE g.group_id = ANY (COALESCE(v_gone, '{}'))
-           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id)
-        RETURNING g.group_id
-    )
-    SELECT array_agg(x.group_id) INTO v_gone FROM deleted AS x;
-    IF v_unkept IS NOT NULL THEN
-        UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = p_now
-         WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_unkept) EXCEPT SELECT unnest(v_gone)));
-    END IF;
+-- harel_exchange is a worker's whole round-trip: settle a batch of leases
+-- (harel_ack_many) and lease up to p_limit more groups minus those kept
+-- (harel_claim_many), in one transaction. Rows: kind 'a' per settled lease
+-- (held, and the next head if kept), then kind 'c' per new lease. (As in
+-- 004, without a loop over the acks' rows.)
+CREATE OR REPLACE FUNCTION harel_exchange(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT,
+    p_limit        INT,
+    p_groups       TEXT[],
+    p_seqs         BIGINT[],
+    p_tokens       TEXT[],
+    p_keep         BOOLEAN[])
+RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_groups TEXT[];
+    v_held   BOOLEAN[];
+    v_seqs   BIGINT[];
+    v_events TEXT[];
+    v_kept   INT;
+BEGIN
+    SELECT array_agg(a.group_id ORDER BY a.n), array_agg(a.held ORDER BY a.n),
+           array_agg(a.next_seq ORDER BY a.n), array_agg(a.next_event ORDER BY a.n), count(a.next_seq)
+      INTO v_groups, v_held, v_seqs, v_events, v_kept
+      FROM harel_ack_many(p_groups, p_seqs, p_tokens, p_keep, p_now, p_lease)
+           WITH ORDINALITY AS a(group_id, held, next_seq, next_event, n);
+    RETURN QUERY
+        SELECT 'a'::"char", a.gid, a.held, a.seq, a.event
+          FROM unnest(v_groups, v_held, v_seqs, v_events) WITH ORDINALITY AS a(gid, held, seq, event, n)
+         ORDER BY a.n;
+    RETURN QUERY
+        SELECT 'c'::"char", c.group_id, true, c.seq, c.event
+          FROM harel_claim_many(p_now, p_lease, p_token, p_min_priority, p_limit - v_kept) AS c;
 END
 $$;
