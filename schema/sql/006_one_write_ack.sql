@@ -83,7 +83,8 @@ DECLARE
     v_first  BOOLEAN[];  -- per input: the first naming of its group
     v_next   BIGINT[];   -- per input: the group's next message, if any
     v_events TEXT[];
-    v_try    TEXT[];     -- groups that look drained, try-locked
+    v_drained BOOLEAN;   -- some group looks drained
+    v_locked BOOLEAN[];  -- per input: it looks drained and is try-locked
     v_at     BIGINT[];   -- input places of the held leases
     v_kept   BOOLEAN[];  -- and whether each was kept
     v_groups TEXT[];     -- and their groups and acked messages
@@ -99,9 +100,9 @@ BEGIN
 
     -- Each lease's next message, before any lock (see the top of the file).
     SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
-           array_agg(x.gid) FILTER (WHERE x.first AND x.seq IS NULL)
-      INTO v_first, v_next, v_events, v_try
-      FROM (SELECT u.gid, u.i, h.seq, h.event,
+           count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
+      INTO v_first, v_next, v_events, v_drained
+      FROM (SELECT u.i, h.seq, h.event,
                    row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
               FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
               LEFT JOIN LATERAL (
@@ -113,15 +114,19 @@ BEGIN
 
     -- Those that look drained: the guard's try-lock, then, in a statement
     -- after it, the fence that deletes the row if still no other message.
-    IF v_try IS NOT NULL THEN
-        SELECT array_agg(d) INTO v_try
-          FROM unnest(v_try) AS d
-         WHERE pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(d));
+    -- Every statement here reaches the rows it changes by primary key, one
+    -- input at a time: no search of an array per row, so a batch of
+    -- thousands stays linear.
+    IF v_drained THEN
+        SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
+          FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
+                            THEN pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(u.gid))
+                            ELSE false END AS locked
+                  FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
         WITH gone AS (
             DELETE FROM transport_groups AS g
-             USING unnest(p_groups, p_seqs, p_tokens, v_first) WITH ORDINALITY AS a(gid, s, tok, first, i)
-             WHERE g.group_id = ANY (COALESCE(v_try, '{}'))
-               AND a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+             USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
+             WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok
                AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
             RETURNING a.i, g.group_id, a.s
         )
@@ -137,8 +142,7 @@ BEGIN
            SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
                lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
           FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
-         WHERE g.group_id = ANY (p_groups)
-           AND a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+         WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok
         RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
     )
     SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
