@@ -145,3 +145,55 @@ func claimAck(b *testing.B, workers, groups int) {
 	}
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 }
+
+// BenchmarkAckMany settles a batch of leases in one AckMany; µs/ack should
+// stay flat from 10 to 1,000 a batch (a batch that searches an array per
+// row grows with its size). drained: each group's only message, so every
+// ack deletes its group row; freed: each group keeps a message, so every
+// ack frees its row.
+func BenchmarkAckMany(b *testing.B) {
+	for _, shape := range []string{"drained", "freed"} {
+		for _, batch := range []int{10, 100, 1000} {
+			b.Run(fmt.Sprintf("%s/batch=%d", shape, batch), func(b *testing.B) {
+				ackMany(b, batch, shape == "freed")
+			})
+		}
+	}
+}
+
+func ackMany(b *testing.B, batch int, more bool) {
+	_, tr := open(b, 2)
+	ctx := context.Background()
+	var acking time.Duration
+	for i := 0; b.Loop(); i++ {
+		msgs := make([]pgtransport.Message, 0, 2*batch)
+		for g := range batch {
+			msgs = append(msgs, pgtransport.Message{Group: fmt.Sprintf("i%d-g%d", i, g), Event: "first"})
+			if more {
+				msgs = append(msgs, pgtransport.Message{Group: fmt.Sprintf("i%d-g%d", i, g), Event: "second"})
+			}
+		}
+		if _, err := tr.PublishMany(ctx, msgs); err != nil {
+			b.Fatal(err)
+		}
+		leases, err := tr.ClaimMany(ctx, "w", time.Minute, 0, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(leases) != batch {
+			b.Fatalf("claimed %d of %d", len(leases), batch)
+		}
+		start := time.Now()
+		errs, err := tr.AckMany(ctx, leases)
+		acking += time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(acking.Microseconds())/float64(b.N*batch), "µs/ack")
+}

@@ -367,3 +367,71 @@ func TestPlainSQLPublishRacesDrain(t *testing.T) {
 		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w:1', 4)`, group, seq).Scan(&held))
 	}
 }
+
+// TestNoSeqScanUnanalyzed runs every function that touches the queue's
+// tables on tables that were never analyzed and grow from empty, as a new
+// queue's do where autovacuum has not run: no statement inside may scan a
+// table whole (planned as tiny, "group_id = ANY (array)" became a scan
+// testing every row against every element), as auto_explain reports them.
+func TestNoSeqScanUnanalyzed(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	var plans []string
+	cfg, err := pgx.ParseConfig(db.DSN)
+	is.NoErr(err)
+	cfg.RuntimeParams["search_path"] = db.Schema
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { plans = append(plans, n.Message) }
+	c, err := pgx.ConnectConfig(ctx(t), cfg)
+	is.NoErr(err)
+	defer c.Close(context.Background())
+	_, err = c.Exec(ctx(t), `LOAD 'auto_explain'`)
+	if err != nil {
+		t.Fatalf("auto_explain (PostgreSQL contrib) is needed to see the plans inside the functions: %v", err)
+	}
+	_, err = c.Exec(ctx(t), `SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
+		SET auto_explain.log_level = notice; SET client_min_messages = notice`)
+	is.NoErr(err)
+	run := func(q string, args ...any) [][]any {
+		t.Helper()
+		rows, err := c.Query(ctx(t), q, args...)
+		is.NoErr(err)
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+		is.NoErr(err)
+		return got
+	}
+	const now = 1e9
+	for round := range 2 { // the first round plans on empty tables; the second runs those plans on full ones
+		n := 2000
+		groups, events, prios := make([]string, n), make([]string, n), make([]int32, n)
+		for i := range n {
+			groups[i], events[i] = "r"+strconv.Itoa(round)+"-g"+strconv.Itoa(i), "e"
+		}
+		run(`SELECT harel_publish_many($1, $2, $3)`, groups, events, prios)
+		claimed := run(`SELECT * FROM harel_exchange($1::float8, $1::float8 + 60, 'w:a', 0, 500, '{}', '{}', '{}', '{}')`, now+float64(round))
+		is.Equal(len(claimed), 500)
+		var gs, toks []string
+		var seqs []int64
+		var keeps []bool
+		for _, r := range claimed {
+			gs, seqs, toks, keeps = append(gs, r[1].(string)), append(seqs, r[3].(int64)), append(toks, "w:a"), append(keeps, len(gs)%2 == 0)
+		}
+		run(`SELECT * FROM harel_exchange($1::float8, $1::float8 + 60, 'w:b', 0, 10, $2, $3, $4, $5)`, now+float64(round), gs, seqs, toks, keeps)
+		one := run(`SELECT * FROM harel_claim($1::float8, $1::float8 + 60, 'w:c')`, now+float64(round))
+		is.Equal(len(one), 1)
+		run(`SELECT harel_ack($1, $2, 'w:c', $3)`, one[0][0], one[0][1], now+float64(round))
+		two := run(`SELECT * FROM harel_claim($1::float8, $1::float8 + 60, 'w:d')`, now+float64(round))
+		is.Equal(len(two), 1)
+		run(`SELECT harel_extend($1, 'w:d', $2)`, two[0][0], now+float64(round)+120)
+		run(`SELECT harel_nack($1, 'w:d', $2, 0)`, two[0][0], now+float64(round))
+		run(`SELECT harel_publish('x', 'e', 0)`)
+		run(`SELECT harel_wait('waiter', 0, 10, $1)`, now+float64(round))
+	}
+	is.True(len(plans) > 20) // auto_explain reported the statements inside the functions
+	for _, p := range plans {
+		if strings.Contains(p, "Seq Scan on transport_groups") || strings.Contains(p, "Seq Scan on transport_messages") {
+			t.Errorf("a statement scans a whole table:\n%s", p)
+		}
+	}
+}
