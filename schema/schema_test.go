@@ -239,6 +239,33 @@ func TestSearchPathPinned(t *testing.T) {
 	is.Equal(n, 1) // nor the temporary look-alike
 }
 
+// explained opens a connection to db's schema on which auto_explain
+// reports the plan of every statement, those inside functions too; plans
+// collects them as they arrive.
+func explained(t *testing.T, db *pgtest.DB) (*pgx.Conn, *[]string) {
+	t.Helper()
+	plans := new([]string)
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = db.Schema
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { *plans = append(*plans, n.Message) }
+	c, err := pgx.ConnectConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	if _, err := c.Exec(ctx(t), `LOAD 'auto_explain'`); err != nil {
+		t.Fatalf("auto_explain (PostgreSQL contrib) is needed to see the plans inside the functions: %v", err)
+	}
+	if _, err := c.Exec(ctx(t), `SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
+		SET auto_explain.log_level = notice; SET client_min_messages = notice`); err != nil {
+		t.Fatal(err)
+	}
+	return c, plans
+}
+
 // TestClaimWalksIndex shows the group pick walks the round-robin index, with
 // no Sort, at 100k groups: the plan of the statement inside harel_claim, as
 // auto_explain reports it.
@@ -255,21 +282,7 @@ func TestClaimWalksIndex(t *testing.T) {
 		ANALYZE transport_groups; ANALYZE transport_messages`)
 	is.NoErr(err)
 
-	var plans []string
-	cfg, err := pgx.ParseConfig(db.DSN)
-	is.NoErr(err)
-	cfg.RuntimeParams["search_path"] = db.Schema
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { plans = append(plans, n.Message) }
-	c, err := pgx.ConnectConfig(ctx(t), cfg)
-	is.NoErr(err)
-	defer c.Close(context.Background())
-	_, err = c.Exec(ctx(t), `LOAD 'auto_explain'`)
-	if err != nil {
-		t.Fatalf("auto_explain (PostgreSQL contrib) is needed to see the plan inside harel_claim: %v", err)
-	}
-	_, err = c.Exec(ctx(t), `SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
-		SET auto_explain.log_level = notice; SET client_min_messages = notice`)
-	is.NoErr(err)
+	c, plans := explained(t, db)
 	for range 3 { // past any first-call planning
 		rows, err := c.Query(ctx(t), `SELECT * FROM harel_claim(1e9, 1e9 + 60, 'w:probe', 0)`)
 		is.NoErr(err)
@@ -277,13 +290,13 @@ func TestClaimWalksIndex(t *testing.T) {
 		is.NoErr(rows.Err())
 	}
 	var pick string
-	for _, p := range plans {
+	for _, p := range *plans {
 		if strings.Contains(p, "UPDATE transport_groups") && strings.Contains(p, "SKIP LOCKED") {
 			pick = p
 		}
 	}
 	if pick == "" {
-		t.Fatalf("no plan for the group pick among %d notices:\n%s", len(plans), strings.Join(plans, "\n---\n"))
+		t.Fatalf("no plan for the group pick among %d notices:\n%s", len(*plans), strings.Join(*plans, "\n---\n"))
 	}
 	is.True(!strings.Contains(pick, "Sort"))                        // no Sort of the groups table
 	is.True(strings.Contains(pick, "transport_groups_round_robin")) // it walks the round-robin index
@@ -378,21 +391,7 @@ func TestNoSeqScanUnanalyzed(t *testing.T) {
 	is := is.New(t)
 	db := pgtest.New(t, 2)
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
-	var plans []string
-	cfg, err := pgx.ParseConfig(db.DSN)
-	is.NoErr(err)
-	cfg.RuntimeParams["search_path"] = db.Schema
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { plans = append(plans, n.Message) }
-	c, err := pgx.ConnectConfig(ctx(t), cfg)
-	is.NoErr(err)
-	defer c.Close(context.Background())
-	_, err = c.Exec(ctx(t), `LOAD 'auto_explain'`)
-	if err != nil {
-		t.Fatalf("auto_explain (PostgreSQL contrib) is needed to see the plans inside the functions: %v", err)
-	}
-	_, err = c.Exec(ctx(t), `SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
-		SET auto_explain.log_level = notice; SET client_min_messages = notice`)
-	is.NoErr(err)
+	c, plans := explained(t, db)
 	run := func(q string, args ...any) [][]any {
 		t.Helper()
 		rows, err := c.Query(ctx(t), q, args...)
@@ -428,8 +427,8 @@ func TestNoSeqScanUnanalyzed(t *testing.T) {
 		run(`SELECT harel_publish('x', 'e', 0)`)
 		run(`SELECT harel_wait('waiter', 0, 10, $1)`, now+float64(round))
 	}
-	is.True(len(plans) > 20) // auto_explain reported the statements inside the functions
-	for _, p := range plans {
+	is.True(len(*plans) > 20) // auto_explain reported the statements inside the functions
+	for _, p := range *plans {
 		if strings.Contains(p, "Seq Scan on transport_groups") || strings.Contains(p, "Seq Scan on transport_messages") {
 			t.Errorf("a statement scans a whole table:\n%s", p)
 		}
