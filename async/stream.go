@@ -284,6 +284,11 @@ func (s *Stream) run(ctx, parent context.Context) {
 		phase  = claiming
 		armed  bool // our waiter row may exist
 		looked bool // dry after arming and claiming once more: safe to sleep
+		// When the waiter row was last written, the ticket taken, and the
+		// last round-trip that claimed left: a claim that left after both
+		// saw every group claimable before it, and the row and the ticket
+		// catch those after it.
+		armedAt, ticketAt, claimedAt time.Time
 		next   time.Time
 		ticket *core.Ticket
 		retry  = newRetry()
@@ -305,10 +310,16 @@ func (s *Stream) run(ctx, parent context.Context) {
 			return s.recover(ctx, t.err, retry)
 		}
 		retry.Reset()
+		if t.freed > 0 { // groups freed with messages left, maybe: for other waiters here
+			s.t.parking.WakeOthers(t.freed, ticket)
+		}
 		switch {
 		case t.claims > 0 || t.freed > 0:
 			phase, looked = claiming, false
-			if armed && t.claims > 0 {
+			if !s.full() {
+				break // room for more: still a waiter
+			}
+			if armed && t.claims > 0 { // publishers need not tell us
 				if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
 					s.report(err) // harmless: the row only makes publishers notify until it lapses
 				}
@@ -352,7 +363,11 @@ func (s *Stream) run(ctx, parent context.Context) {
 		}
 		acks, free := s.take()
 		if len(acks) == 0 && phase == dry && !looked && free > 0 {
-			phase = arming // about to sleep: arm and claim once more first
+			if s.armedNow(armed, armedAt, next) && ticket != nil && armedAt.Before(claimedAt) && ticketAt.Before(claimedAt) {
+				looked = true // the last claim left after the row and the ticket were in place: sleep
+			} else {
+				phase = arming // about to sleep: arm and claim once more first
+			}
 		}
 		if len(acks) == 0 && (free == 0 || phase == dry) { // nothing out (see above)
 			woken, ok := s.sleep(ctx, next, ticket, phase == dry)
@@ -369,23 +384,28 @@ func (s *Stream) run(ctx, parent context.Context) {
 			limit = 0 // settle (and keep) only; but claim with an ack that frees a group
 		}
 		if phase == arming && limit > 0 { // nothing in flight: see above
-			d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
-			if err != nil {
-				s.requeue(acks)
-				if !s.recover(ctx, err, retry) {
-					return
+			if !s.armedNow(armed, armedAt, next) { // else only the claim is needed
+				d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+				if err != nil {
+					s.requeue(acks)
+					if !s.recover(ctx, err, retry) {
+						return
+					}
+					continue
 				}
-				continue
-			}
-			armed = s.sub != nil
-			next = time.Time{}
-			if ok {
-				next = time.Now().Add(d)
+				armed, armedAt = s.sub != nil, time.Now()
+				next = time.Time{}
+				if ok {
+					next = time.Now().Add(d)
+				}
 			}
 			if ticket != nil {
 				ticket.Done()
 			}
-			ticket = s.t.parking.Ticket() // before the claim: a wake-up after it is not lost
+			ticket, ticketAt = s.t.parking.Ticket(), time.Now() // before the claim: a wake-up after it is not lost
+		}
+		if limit > 0 {
+			claimedAt = time.Now()
 		}
 		s.mu.Lock()
 		s.reserved += limit
@@ -404,6 +424,23 @@ func (s *Stream) queued() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.acks)
+}
+
+// armedNow reports whether the waiter row written at armedAt still stands
+// for this stream: it lives longer than any sleep (waiterTTL) if written
+// within IdleSweep, and the next expiry it reported is still ahead. (With
+// notifications off there is no row; the expiry still counts.)
+func (s *Stream) armedNow(armed bool, armedAt, next time.Time) bool {
+	fresh := time.Since(armedAt) < s.t.cfg.IdleSweep
+	ahead := next.IsZero() || next.After(time.Now())
+	return (armed || s.sub == nil) && fresh && ahead
+}
+
+// full reports whether every slot is taken.
+func (s *Stream) full() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used() >= s.cfg.MaxInFlight
 }
 
 // take returns the acks queued for the next round-trip, their slots now
@@ -505,9 +542,6 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	s.mu.Unlock()
 	for _, l := range fresh {
 		s.out <- l // never blocks: C holds MaxInFlight, and so many slots we have
-	}
-	if freed > 0 {
-		s.t.parking.Wake(freed) // groups freed with messages left, maybe: for other waiters here
 	}
 	return len(fresh), len(claimed), freed, nil
 }
@@ -692,9 +726,11 @@ func (s *Stream) finish(parent context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), roundTripTimeout)
 	defer cancel()
 	if len(acks) > 0 {
-		if _, _, _, err := s.exchange(ctx, acks, 0); err != nil {
+		_, _, freed, err := s.exchange(ctx, acks, 0)
+		if err != nil {
 			s.answer(acks, err)
 		}
+		s.t.parking.Wake(freed) // for other waiters here
 	}
 	var waiting []*pgtransport.Lease
 	for {

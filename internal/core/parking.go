@@ -42,14 +42,22 @@ func (t *Ticket) Done() {
 }
 
 // Wake wakes up to n waiters, oldest first; n < 0 wakes all.
-func (p *Parking) Wake(n int) {
+func (p *Parking) Wake(n int) { p.WakeOthers(n, nil) }
+
+// WakeOthers is Wake passing over own, the caller's own ticket (nil: none):
+// work the caller freed itself is for the others.
+func (p *Parking) WakeOthers(n int, own *Ticket) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n < 0 || n > len(p.queue) {
-		n = len(p.queue)
-	}
-	for _, t := range p.queue[:n] {
+	left := p.queue[:0]
+	for _, t := range p.queue {
+		if t == own || n == 0 {
+			left = append(left, t)
+			continue
+		}
 		t.c <- struct{}{} // buffered 1, and each ticket is woken once
+		n--
 	}
-	p.queue = p.queue[n:]
+	clear(p.queue[len(left):])
+	p.queue = left
 }
