@@ -284,17 +284,17 @@ func (s *Stream) run(ctx, parent context.Context) {
 		phase  = claiming
 		armed  bool // our waiter row may exist
 		looked bool // dry after arming and claiming once more: safe to sleep
-		// When the waiter row was last written, the ticket taken, and the
-		// last round-trip that claimed left: a claim that left after both
-		// saw every group claimable before it, and the row and the ticket
-		// catch those after it.
-		armedAt, ticketAt, claimedAt time.Time
 		next   time.Time
 		ticket *core.Ticket
 		retry  = newRetry()
 		trips  = make(chan trip, depth)
 		flying int // round-trips in flight
 	)
+	// When the waiter row was last written, the ticket taken, and the last
+	// round-trip that claimed left: a claim that left after both saw every
+	// group claimable before it, and the row and the ticket catch those
+	// after it.
+	var armedAt, ticketAt, claimedAt time.Time
 	defer func() {
 		for ; flying > 0; flying-- {
 			<-trips
