@@ -65,7 +65,7 @@ $$;
 -- (same token, lock_expiry = p_lease) and that next head is returned in
 -- next_seq/next_event; otherwise the group is freed with lock_expiry =
 -- p_now, or its row deleted when drained (with harel_ack's guard). One row
--- per input, in input order.
+-- per input, in input order. It is harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[],
     p_seqs   BIGINT[],
@@ -79,96 +79,21 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_first  BOOLEAN[];  -- per input: the first naming of its group
-    v_next   BIGINT[];   -- per input: the group's next message, if any
-    v_events TEXT[];
-    v_drained BOOLEAN;   -- some group looks drained
-    v_locked BOOLEAN[];  -- per input: it looks drained and is try-locked
-    v_at     BIGINT[];   -- input places of the held leases
-    v_kept   BOOLEAN[];  -- and whether each was kept
-    v_groups TEXT[];     -- and their groups and acked messages
-    v_seqs   BIGINT[];
 BEGIN
-    IF p_groups IS NULL OR cardinality(p_groups) = 0 THEN
-        RETURN;
-    END IF;
-    IF cardinality(p_seqs) <> cardinality(p_groups) OR cardinality(p_tokens) <> cardinality(p_groups)
-       OR cardinality(p_keep) <> cardinality(p_groups) THEN
-        RAISE EXCEPTION 'harel_ack_many: arrays of different lengths' USING ERRCODE = '22023';
-    END IF;
-
-    -- Each lease's next message, before any lock (see the top of the file).
-    SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
-           count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
-      INTO v_first, v_next, v_events, v_drained
-      FROM (SELECT u.i, h.seq, h.event,
-                   row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
-              FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
-              LEFT JOIN LATERAL (
-                    SELECT m.seq, m.event
-                      FROM transport_messages AS m
-                     WHERE m.group_id = u.gid AND m.seq <> u.s
-                     ORDER BY m.seq
-                     LIMIT 1) AS h ON true) AS x;
-
-    -- Those that look drained: the guard's try-lock, then, in a statement
-    -- after it, the fence that deletes the row if still no other message.
-    -- Every statement here reaches the rows it changes by primary key, one
-    -- input at a time: no search of an array per row, so a batch of
-    -- thousands stays linear.
-    IF v_drained THEN
-        SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
-          FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
-                            THEN pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(u.gid))
-                            ELSE false END AS locked
-                  FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
-        WITH gone AS (
-            DELETE FROM transport_groups AS g
-             USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
-             WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok
-               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
-            RETURNING a.i, g.group_id, a.s
-        )
-        SELECT array_agg(x.i), array_agg(false), array_agg(x.group_id), array_agg(x.s)
-          INTO v_at, v_kept, v_groups, v_seqs
-          FROM gone AS x;
-    END IF;
-
-    -- The rest: the fence that frees the row, or extends it where kept. A
-    -- group that looked drained but was not deleted is freed.
-    WITH fenced AS (
-        UPDATE transport_groups AS g
-           SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
-               lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
-          FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
-         WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok
-        RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
-    )
-    SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
-           COALESCE(v_groups, '{}') || array_agg(f.group_id), COALESCE(v_seqs, '{}') || array_agg(f.s)
-      INTO v_at, v_kept, v_groups, v_seqs
-      FROM fenced AS f;
-
-    -- The held leases' messages, by primary key, each with its own group.
-    DELETE FROM transport_messages AS m
-     WHERE m.seq = ANY (v_seqs)
-       AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_groups));
-
     RETURN QUERY
-        SELECT a.gid, h.i IS NOT NULL,
-               CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END
-          FROM unnest(p_groups, v_next, v_events) WITH ORDINALITY AS a(gid, nxt, event, i)
-          LEFT JOIN unnest(v_at, v_kept) AS h(i, kept) ON h.i = a.i
-         ORDER BY a.i;
+        SELECT e.group_id, e.held, e.seq, e.event
+          FROM harel_exchange(p_now, p_lease, NULL, 0, 0, p_groups, p_seqs, p_tokens, p_keep)
+               WITH ORDINALITY AS e(kind, group_id, held, seq, event, n)
+         ORDER BY e.n;
 END
 $$;
 
 -- harel_exchange is a worker's whole round-trip: settle a batch of leases
--- (harel_ack_many) and lease up to p_limit more groups minus those kept
--- (harel_claim_many), in one transaction. Rows: kind 'a' per settled lease
--- (held, and the next head if kept), then kind 'c' per new lease. (As in
--- 004, without a loop over the acks' rows.)
+-- as harel_ack_many describes, then lease up to p_limit more groups minus
+-- those kept (harel_claim_many), in one transaction. Rows: kind 'a' per
+-- settled lease, in input order (held, and the next head if kept), then
+-- kind 'c' per new lease. The settling lives here, and harel_ack_many
+-- calls this, so that a stream's round-trip runs one function less.
 CREATE OR REPLACE FUNCTION harel_exchange(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -186,23 +111,93 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_groups TEXT[];
-    v_held   BOOLEAN[];
-    v_seqs   BIGINT[];
-    v_events TEXT[];
-    v_kept   INT;
+    v_first   BOOLEAN[]; -- per input: the first naming of its group
+    v_next    BIGINT[];  -- per input: the group's next message, if any
+    v_events  TEXT[];
+    v_drained BOOLEAN;   -- some group looks drained
+    v_locked  BOOLEAN[]; -- per input: it looks drained and is try-locked
+    v_at      BIGINT[];  -- input places of the held leases
+    v_kept    BOOLEAN[]; -- and whether each was kept
+    v_groups  TEXT[];    -- and their groups and acked messages
+    v_seqs    BIGINT[];
+    v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
 BEGIN
-    SELECT array_agg(a.group_id ORDER BY a.n), array_agg(a.held ORDER BY a.n),
-           array_agg(a.next_seq ORDER BY a.n), array_agg(a.next_event ORDER BY a.n), count(a.next_seq)
-      INTO v_groups, v_held, v_seqs, v_events, v_kept
-      FROM harel_ack_many(p_groups, p_seqs, p_tokens, p_keep, p_now, p_lease)
-           WITH ORDINALITY AS a(group_id, held, next_seq, next_event, n);
-    RETURN QUERY
-        SELECT 'a'::"char", a.gid, a.held, a.seq, a.event
-          FROM unnest(v_groups, v_held, v_seqs, v_events) WITH ORDINALITY AS a(gid, held, seq, event, n)
-         ORDER BY a.n;
-    RETURN QUERY
-        SELECT 'c'::"char", c.group_id, true, c.seq, c.event
-          FROM harel_claim_many(p_now, p_lease, p_token, p_min_priority, p_limit - v_kept) AS c;
+    IF cardinality(p_groups) > 0 THEN
+        IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
+           OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups)
+           OR cardinality(p_keep) IS DISTINCT FROM cardinality(p_groups) THEN
+            RAISE EXCEPTION 'harel_exchange: arrays of different lengths' USING ERRCODE = '22023';
+        END IF;
+
+        -- Each lease's next message, before any lock (see the top of the file).
+        SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
+               count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
+          INTO v_first, v_next, v_events, v_drained
+          FROM (SELECT u.i, h.seq, h.event,
+                       row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
+                  FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
+                  LEFT JOIN LATERAL (
+                        SELECT m.seq, m.event
+                          FROM transport_messages AS m
+                         WHERE m.group_id = u.gid AND m.seq <> u.s
+                         ORDER BY m.seq
+                         LIMIT 1) AS h ON true) AS x;
+
+        -- Those that look drained: the guard's try-lock, then, in a statement
+        -- after it, the fence that deletes the row if still no other message.
+        -- Every statement here reaches the rows it changes by primary key, one
+        -- input at a time: no search of an array per row, so a batch of
+        -- thousands stays linear.
+        IF v_drained THEN
+            SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
+              FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
+                                THEN pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(u.gid))
+                                ELSE false END AS locked
+                      FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
+            WITH gone AS (
+                DELETE FROM transport_groups AS g
+                 USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
+                 WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok
+                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
+                RETURNING a.i, g.group_id, a.s
+            )
+            SELECT array_agg(x.i), array_agg(false), array_agg(x.group_id), array_agg(x.s)
+              INTO v_at, v_kept, v_groups, v_seqs
+              FROM gone AS x;
+        END IF;
+
+        -- The rest: the fence that frees the row, or extends it where kept. A
+        -- group that looked drained but was not deleted is freed.
+        WITH fenced AS (
+            UPDATE transport_groups AS g
+               SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
+                   lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
+              FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
+             WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+            RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
+        )
+        SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
+               COALESCE(v_groups, '{}') || array_agg(f.group_id), COALESCE(v_seqs, '{}') || array_agg(f.s),
+               count(*) FILTER (WHERE f.kept)
+          INTO v_at, v_kept, v_groups, v_seqs, v_nkept
+          FROM fenced AS f;
+
+        -- The held leases' messages, by primary key, each with its own group.
+        DELETE FROM transport_messages AS m
+         WHERE m.seq = ANY (v_seqs)
+           AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_groups));
+
+        RETURN QUERY
+            SELECT 'a'::"char", a.gid, h.i IS NOT NULL,
+                   CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END
+              FROM unnest(p_groups, v_next, v_events) WITH ORDINALITY AS a(gid, nxt, event, i)
+              LEFT JOIN unnest(v_at, v_kept) AS h(i, kept) ON h.i = a.i
+             ORDER BY a.i;
+    END IF;
+    IF p_limit - v_nkept > 0 THEN
+        RETURN QUERY
+            SELECT 'c'::"char", c.group_id, true, c.seq, c.event
+              FROM harel_claim_many(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept) AS c;
+    END IF;
 END
 $$;
