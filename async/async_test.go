@@ -331,6 +331,34 @@ func TestBackPressureWhileBusy(t *testing.T) {
 	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
 }
 
+// TestAckTwice: a second ack of a stream's lease, while the first is on its
+// way or after it kept the group for its next message under the same
+// token, is refused with ErrLeaseLost and changes nothing: the group stays
+// with the holder of the next message.
+func TestAckTwice(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, st, _ := setup(t, pgtransport.Config{})
+	for _, e := range []string{"e1", "e2", "e3"} {
+		is.NoErr((<-tr.Publish(ctx(t), "g", e, 0)).Err)
+	}
+	s := stream(t, tr, async.StreamConfig{})
+	first := receive(t, s, time.Minute)
+	is.Equal(first.Event, "e1")
+	a, b := tr.Ack(ctx(t), first), tr.Ack(ctx(t), first) // the second while the first is queued
+	is.NoErr(<-a)
+	is.True(errors.Is(<-b, pgtransport.ErrLeaseLost))
+	next := receive(t, s, time.Minute)
+	is.Equal(next.Event, "e2")                                            // kept: the same group, the same token
+	is.Equal(next.Token, first.Token)                                     // so only the seq tells the leases apart
+	is.True(errors.Is(<-tr.Ack(ctx(t), first), pgtransport.ErrLeaseLost)) // stale
+	other, err := st.Claim(ctx(t), "other", time.Minute, 0)
+	is.NoErr(err)
+	is.True(other == nil) // the group is still held for e2
+	is.NoErr(<-tr.Ack(ctx(t), next))
+	is.Equal(receive(t, s, time.Minute).Event, "e3")
+}
+
 // TestCloseGivesBack: closing a stream hands back the lease it claimed but
 // never delivered, at once, and closes the channel.
 func TestCloseGivesBack(t *testing.T) {

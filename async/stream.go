@@ -100,6 +100,7 @@ type holding struct {
 	lapses   time.Time // by this process's clock
 	giveBack time.Time // if still unreceived in C then
 	settling bool      // its ack is in a round-trip: its slot is counted free
+	acked    bool      // its ack is queued or in a round-trip
 }
 
 type ackRequest struct {
@@ -204,17 +205,27 @@ func (s *Stream) stop(err error) {
 }
 
 // enqueue adds an ack of l to the next batch; false if the stream no
-// longer takes acks (the caller acks on its own).
+// longer takes acks (the caller acks on its own). An ack of a lease the
+// stream holds in another form, an earlier message of a kept group under
+// the same token or a lease whose ack is already on its way, is answered
+// ErrLeaseLost at once: sent, it would free a group the stream still holds.
 func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.accepting {
 		return nil, false
 	}
-	if _, ok := s.held[keyOf(l)]; !ok {
+	h, ok := s.held[keyOf(l)]
+	if !ok {
 		return nil, false // not ours (any more): lapsed, or already settled
 	}
 	done := make(chan error, 1)
+	if h.acked || h.lease.Seq != l.Seq {
+		done <- pgtransport.ErrLeaseLost
+		return done, true
+	}
+	h.acked = true
+	s.held[keyOf(l)] = h
 	s.acks = append(s.acks, ackRequest{lease: l, done: done})
 	select {
 	case s.signal <- struct{}{}:
@@ -513,6 +524,12 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 		if len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch) {
 			s.mu.Lock()
 			s.mark(acks, false)
+			for _, a := range acks { // answered: the leases are held as before
+				if h, ok := s.held[keyOf(a.lease)]; ok {
+					h.acked = false
+					s.held[keyOf(a.lease)] = h
+				}
+			}
 			s.mu.Unlock()
 			s.answer(acks, err) // cannot succeed on a retry
 			return 0, 0, 0, nil

@@ -488,6 +488,23 @@ var cases = []testCase{
 		is.Equal(e.claim("w2", 0).Event, event("hot", taken))
 	}},
 
+	{"an ack of a kept lease's earlier message is lost and leaves the group held", func(is *is.I, e *env) {
+		e.publish("g", "e1", 0)
+		e.publish("g", "e2", 0)
+		first := e.claim("w", 0)
+		next, err := e.tr.AckNext(e.ctx(), first, time.Minute)
+		is.NoErr(err)
+		is.Equal(next.Event, "e2")
+		is.Equal(next.Token, first.Token) // one token for both messages
+		is.True(errors.Is(e.tr.Ack(e.ctx(), first), pgtransport.ErrLeaseLost))
+		none, err := e.tr.Claim(e.ctx(), "w2", time.Minute, 0)
+		is.NoErr(err)
+		is.True(none == nil) // still held for e2
+		e.ack(next)
+		m, g := e.rows()
+		is.Equal(m+g, 0)
+	}},
+
 	{"claim wait parks until work arrives or ctx ends", func(is *is.I, e *env) {
 		got := make(chan *pgtransport.Lease, 1)
 		go func() {

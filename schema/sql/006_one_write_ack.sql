@@ -17,7 +17,8 @@
 -- then freed instead. Same signatures, same results. Idempotent.
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
--- holds p_group. Otherwise it deletes message p_seq and frees the group with
+-- holds p_group and message p_seq is still there. Otherwise it deletes
+-- message p_seq and frees the group with
 -- lock_expiry = p_now (so it queues behind groups served less recently), or
 -- deletes the group row when it has no message left.
 CREATE OR REPLACE FUNCTION harel_ack(
@@ -40,13 +41,19 @@ BEGIN
        AND pg_try_advisory_xact_lock(('transport_messages'::regclass::oid::bigint & 2147483647)::int, harel_group_lock_key(p_group)) THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = p_group AND g.locked_by = p_token
+           AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
            AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
     END IF;
     IF NOT FOUND THEN
-        -- The fence, the lock that keeps it ours until commit, and the free.
+        -- The fence, the lock that keeps it ours until commit, and the
+        -- free. The message must still be there: a token kept across a
+        -- group's messages (harel_ack_many's keep) also holds for an
+        -- earlier message already acked, whose ack again would free the
+        -- group from under the holder of the next.
         UPDATE transport_groups AS g
            SET locked_by = NULL, lock_expiry = p_now
-         WHERE g.group_id = p_group AND g.locked_by = p_token;
+         WHERE g.group_id = p_group AND g.locked_by = p_token
+           AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
         IF NOT FOUND THEN
             RETURN false;
         END IF;
