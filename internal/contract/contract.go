@@ -497,6 +497,9 @@ var cases = []testCase{
 		is.Equal(next.Event, "e2")
 		is.Equal(next.Token, first.Token) // one token for both messages
 		is.True(errors.Is(e.tr.Ack(e.ctx(), first), pgtransport.ErrLeaseLost))
+		errs, err := e.tr.AckMany(e.ctx(), []*pgtransport.Lease{first}) // in a batch too
+		is.NoErr(err)
+		is.True(errors.Is(errs[0], pgtransport.ErrLeaseLost))
 		none, err := e.tr.Claim(e.ctx(), "w2", time.Minute, 0)
 		is.NoErr(err)
 		is.True(none == nil) // still held for e2

@@ -165,6 +165,7 @@ BEGIN
                 DELETE FROM transport_groups AS g
                  USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
                  WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok
+                   AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)
                    AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
                 RETURNING a.i, g.group_id, a.s
             )
@@ -174,13 +175,18 @@ BEGIN
         END IF;
 
         -- The rest: the fence that frees the row, or extends it where kept. A
-        -- group that looked drained but was not deleted is freed.
+        -- group that looked drained but was not deleted is freed. A lease
+        -- to be freed must still have its message, as in harel_ack; one to
+        -- be kept need not: that is a retry of an ack that kept the group
+        -- and whose answer was lost, and it gets the same next message.
         WITH fenced AS (
             UPDATE transport_groups AS g
                SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
                    lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
               FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
              WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok
+               AND ((a.keep AND a.nxt IS NOT NULL)
+                    OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid))
             RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
         )
         SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
