@@ -27,6 +27,8 @@ type StreamConfig struct {
 	// not yet acked or nacked, plus those claimed and waiting in C. So it
 	// is also how many groups the stream draws from at once, and the most
 	// it claims in one round-trip. 0 means 1; at most pgtransport.MaxBatch.
+	// While it claims, a stream has up to two round-trips in flight, on two
+	// of the pool's connections.
 	MaxInFlight int
 	// OnError, if set, is told of each error the stream recovers from (it
 	// retries with backoff). It runs on the stream's goroutine and must not

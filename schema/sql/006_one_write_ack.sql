@@ -14,7 +14,12 @@
 -- harel_ack's guard, that no other message is there; otherwise an UPDATE
 -- that checks the token and frees the row (or extends it, when kept). A
 -- message published meanwhile is seen by the guard's re-check: the row is
--- then freed instead. Same signatures, same results. Idempotent.
+-- then freed instead. Same signatures and results, but for one case: an
+-- ack whose message is already gone (a kept lease's earlier message, acked
+-- again: a kept lease reuses its token) now changes nothing and reports
+-- the lease lost, where it freed the group from under the holder of the
+-- next message. harel_exchange also moves here: the settling is its own
+-- body. Idempotent.
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group and message p_seq is still there. Otherwise it deletes
