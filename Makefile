@@ -5,12 +5,12 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 3
 FUZZTIME ?= 10m
 
-.PHONY: help test schema bench bench-full bench-go fuzz fmt vet
+.PHONY: help test schema bench bench-full bench-go fuzz fmt vet tidy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-test: vet ## vet, every test under the race detector on a real PostgreSQL, and a short fuzz pass
+test: tidy vet ## vet, every test under the race detector on a real PostgreSQL, and a short fuzz pass
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzPublish$$' -fuzztime 10s ./sync
 
@@ -33,6 +33,10 @@ bench-full: ## the same, longer runs and more of them
 
 bench-go: ## the go test benchmarks in bench/ (BENCHTIME, BENCHCOUNT)
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) .
+
+tidy: ## fail when go mod tidy would change go.mod or go.sum (library and bench module)
+	$(GO) mod tidy -diff
+	cd bench && $(GO) mod tidy -diff
 
 fmt: ## gofmt the tree
 	gofmt -w .
