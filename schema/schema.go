@@ -1,11 +1,25 @@
 // Package schema creates and upgrades the tables and server-side functions
 // the transports use.
 //
-// The SQL lives in numbered, forward-only, idempotent files (sql/NNN_*.sql).
-// Apply runs the ones a database lacks in one transaction under a
-// transaction-scoped advisory lock, so any number of workers may apply at
-// once, and records each version in transport_schema_version. SQL returns the
-// whole script for teams that run their own migration tool.
+// The SQL lives in two kinds of embedded files. The numbered files
+// (sql/NNN_*.sql) are forward-only, idempotent upgrade steps and hold only
+// what must run once in a database's life: tables, columns, indexes,
+// storage settings. sql/functions.sql holds the live definition of every
+// function and trigger, each once, with its settings inline: a reader finds
+// the code that runs in one place instead of piecing a function together
+// from the steps that redefined it. The functions are named harel_*, the
+// protocol's name from the design; clients in other languages call them.
+//
+// Apply runs the steps a database lacks and then all of functions.sql, in
+// one transaction under a transaction-scoped advisory lock, whenever the
+// recorded version is below Version, so any number of workers may apply at
+// once; it records each version in transport_schema_version. A change to
+// functions.sql therefore ships with a new numbered step (a comment-only
+// one will do). The script of every shipped version is kept in
+// testdata/schema/vN.sql: the tests check that the current one is SQL()
+// byte for byte and that a database upgraded from each earlier one ends
+// with exactly the catalog of a fresh install. SQL returns the whole script
+// for teams that run their own migration tool.
 package schema
 
 import (
@@ -30,7 +44,18 @@ import (
 //go:embed sql/*.sql
 var files embed.FS
 
-// Migration is one numbered schema file.
+// functions is sql/functions.sql, applied whole after the numbered steps.
+var functions = mustRead("sql/functions.sql")
+
+func mustRead(name string) string {
+	body, err := files.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return string(body)
+}
+
+// Migration is one numbered schema file: an upgrade step.
 type Migration struct {
 	Version int
 	Name    string // file name, e.g. "001_init.sql"
@@ -40,7 +65,7 @@ type Migration struct {
 var migrations = load()
 
 func load() []Migration {
-	names, err := fs.Glob(files, "sql/*.sql")
+	names, err := fs.Glob(files, "sql/[0-9]*.sql")
 	if err != nil {
 		panic(err)
 	}
@@ -52,11 +77,7 @@ func load() []Migration {
 		if !ok || err != nil {
 			panic("schema: file name must start with a number and an underscore: " + base)
 		}
-		body, err := files.ReadFile(name)
-		if err != nil {
-			panic(err)
-		}
-		ms = append(ms, Migration{Version: v, Name: base, SQL: string(body)})
+		ms = append(ms, Migration{Version: v, Name: base, SQL: mustRead(name)})
 	}
 	slices.SortFunc(ms, func(a, b Migration) int { return a.Version - b.Version })
 	for i, m := range ms {
@@ -67,7 +88,8 @@ func load() []Migration {
 	return ms
 }
 
-// Migrations returns the schema files in version order.
+// Migrations returns the numbered schema files in version order. They hold
+// no function: Apply and SQL add sql/functions.sql after them.
 func Migrations() []Migration { return slices.Clone(migrations) }
 
 // Version is the schema version this library applies.
@@ -123,23 +145,16 @@ type Beginner interface {
 }
 
 // Apply brings the schema named name (created if absent; empty means the
-// connection's current schema) up to Version. It runs in one transaction
-// under an advisory lock: concurrent calls all succeed, and a call on an
-// up-to-date schema changes nothing.
-func Apply(ctx context.Context, db Beginner, name string) error {
-	return ApplyTo(ctx, db, name, Version())
-}
-
-// ApplyTo is Apply up to version, for upgrade tests.
-func ApplyTo(ctx context.Context, db Beginner, name string, version int) (err error) {
+// connection's current schema) up to Version: the numbered steps it lacks,
+// then every function and trigger. It runs in one transaction under an
+// advisory lock: concurrent calls all succeed, and a call on an up-to-date
+// schema changes nothing.
+func Apply(ctx context.Context, db Beginner, name string) (err error) {
 	if err := ValidateName(name); err != nil {
 		return err
 	}
 	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return fmt.Errorf("schema: %w: nil database handle", pgtransport.ErrInvalidConfig)
-	}
-	if version < 1 || version > Version() {
-		return fmt.Errorf("schema: no version %d (this library knows 1 to %d)", version, Version())
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -176,15 +191,19 @@ func ApplyTo(ctx context.Context, db Beginner, name string, version int) (err er
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_schema_version`).Scan(&current); err != nil {
 		return fmt.Errorf("schema: read version: %w", err)
 	}
-	for _, m := range migrations {
-		if m.Version <= current || m.Version > version {
-			continue
+	// Up to date (or applied by a newer library): run nothing, not even
+	// functions.sql, so an idle Apply rewrites no catalog row.
+	if current < Version() {
+		for _, m := range migrations[current:] {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("schema: %s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO transport_schema_version (version) VALUES ($1)`, m.Version); err != nil {
+				return fmt.Errorf("schema: record %s: %w", m.Name, err)
+			}
 		}
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			return fmt.Errorf("schema: %s: %w", m.Name, err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO transport_schema_version (version) VALUES ($1)`, m.Version); err != nil {
-			return fmt.Errorf("schema: record %s: %w", m.Name, err)
+		if _, err := tx.Exec(ctx, functions); err != nil {
+			return fmt.Errorf("schema: functions.sql: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -211,8 +230,9 @@ func CurrentVersion(ctx context.Context, db interface {
 
 // SQL returns the complete script, loadable with psql into an empty database
 // or over any earlier version: it creates everything in the current schema
-// (the first existing one on search_path), in one transaction, and records
-// the versions.
+// (the first existing one on search_path), in one transaction: every
+// numbered step (each is idempotent), then functions.sql, and records the
+// versions.
 func SQL() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- pgtransport schema, version %d. Generated by `make schema`; do not edit.\n", Version())
@@ -223,6 +243,7 @@ func SQL() string {
 	for _, m := range migrations {
 		fmt.Fprintf(&b, "\n-- %s\n%s", m.Name, m.SQL)
 	}
+	fmt.Fprintf(&b, "\n-- functions.sql\n%s", functions)
 	b.WriteString("\nINSERT INTO transport_schema_version (version) VALUES ")
 	for i, m := range migrations {
 		if i > 0 {

@@ -99,11 +99,11 @@ func TestUpgradeFromV1(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	db := pgtest.New(t, 2)
-	is.NoErr(schema.ApplyTo(ctx(t), db.Pool, db.Schema, 1))
+	load(t, db, shipped(t, 1))
 	fixture, err := os.ReadFile("../testdata/v1_state.sql")
 	is.NoErr(err)
 	_, err = db.Pool.Exec(ctx(t), string(fixture))
-	is.NoErr(err) // the v1 fixture loads into a v1 schema
+	is.NoErr(err) // the v1 data loads into a v1 schema
 
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema)) // upgrade in place
 	tx, err := db.Pool.Begin(ctx(t))

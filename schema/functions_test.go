@@ -1,0 +1,154 @@
+package schema_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+// inlined are the helpers the planner inlines into their callers'
+// statements (see functions.sql's header): LANGUAGE sql, one expression, no
+// setting. A function belongs here only if TestGuardInlined shows it
+// inlined; every other function pins the four settings.
+var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard"}
+
+// lockOnly are the trigger functions that pin search_path alone (see
+// harel_hold_group in functions.sql): they run once per row, read no table
+// and evaluate one plain expression, so the planner settings could change
+// nothing there and would cost their setting and resetting on every row.
+var lockOnly = []string{"harel_hold_group"}
+
+// TestPinnedSettings checks functions.sql's invariant from the catalog:
+// every function but the inlined helpers and lockOnly pins search_path (the
+// schema, then pg_temp), plan_cache_mode, enable_seqscan and jit, so a new
+// function that forgets one fails here; the helpers pin none and are
+// LANGUAGE sql, or the planner would not inline them; lockOnly pin
+// search_path and name no queue table.
+func TestPinnedSettings(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	rows, err := db.Pool.Query(ctx(t), `
+		SELECT p.proname, l.lanname, COALESCE(p.proconfig, '{}'), p.prosecdef, p.prosrc
+		  FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang
+		 WHERE p.pronamespace = $1::regnamespace
+		 ORDER BY p.proname`, db.Schema)
+	is.NoErr(err)
+	type fn struct {
+		Name, Lang string
+		Config     []string
+		SecDef     bool
+		Body       string
+	}
+	fns, err := pgx.CollectRows(rows, pgx.RowToStructByPos[fn])
+	is.NoErr(err)
+	want := []string{
+		"search_path=" + db.Schema + ", pg_temp", // a test schema's name needs no quotes
+		"plan_cache_mode=force_generic_plan",
+		"enable_seqscan=off",
+		"jit=off",
+	}
+	var helpers, pinned int
+	for _, f := range fns {
+		if slices.Contains(inlined, f.Name) {
+			helpers++
+			if f.Lang != "sql" || len(f.Config) > 0 || f.SecDef {
+				t.Errorf("%s is an inlined helper: it must be LANGUAGE sql with no SET clause and not SECURITY DEFINER, or the planner calls it instead of inlining it (language %s, settings %q)", f.Name, f.Lang, f.Config)
+			}
+			continue
+		}
+		if slices.Contains(lockOnly, f.Name) {
+			if !slices.Equal(f.Config, want[:1]) || strings.Contains(f.Body, "transport_") {
+				t.Errorf("%s may skip the planner settings only while it pins search_path alone and runs no query on a queue table (settings %q)", f.Name, f.Config)
+			}
+			continue
+		}
+		pinned++
+		if !slices.Equal(slices.Sorted(slices.Values(f.Config)), slices.Sorted(slices.Values(want))) {
+			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in functions.sql)", f.Name, f.Config, want)
+		}
+	}
+	is.Equal(helpers, len(inlined)) // every helper named above exists
+	is.True(pinned >= 13)           // the protocol's functions were all read
+}
+
+// TestGuardInlined runs every path that takes the lost-publish guard's lock
+// (a publish's trigger, an ack, a batch ack and both claims draining a
+// group) with function-call tracking on: the helpers must never run as
+// calls of their own. PostgreSQL tracks every call of a SQL function except
+// one inlined into its caller's statement, so a helper that appears in
+// pg_stat_xact_user_functions was not inlined and costs a call per row.
+func TestGuardInlined(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	tx, err := c.Begin(ctx(t))
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx(t), `SET LOCAL track_functions = 'all'`); err != nil {
+		t.Fatalf("track_functions needs a superuser connection: %v", err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		_, err := tx.Exec(ctx(t), q, args...)
+		is.NoErr(err)
+	}
+	groups := func() int {
+		var n int
+		is.NoErr(tx.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups`).Scan(&n))
+		return n
+	}
+
+	// A publish (the trigger's shared lock), then an ack that drains the
+	// group: its row is deleted only after the try-lock.
+	var seq int64
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT harel_publish('a', 'e', 0)`).Scan(&seq))
+	exec(`SELECT * FROM harel_claim(1, 100, 'w:1', 0)`)
+	var held bool
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT harel_ack('a', $1, 'w:1', 2)`, seq).Scan(&held))
+	is.True(held)
+	is.Equal(groups(), 0) // harel_ack took the try-lock and deleted the row
+
+	// The same through a batch: harel_publish_many, harel_exchange.
+	var seqs []int64
+	rows, err := tx.Query(ctx(t), `SELECT harel_publish_many('{b,c}', '{e,e}', '{0,0}')`)
+	is.NoErr(err)
+	seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	is.NoErr(err)
+	exec(`SELECT * FROM harel_claim_many(3, 100, 'w:2', 0, 10)`)
+	exec(`SELECT * FROM harel_exchange(4, 100, 'w:2', 0, 0, '{b,c}', $1, '{w:2,w:2}', '{false,false}')`, seqs)
+	is.Equal(groups(), 0) // harel_exchange took the try-locks and deleted the rows
+
+	// Empty group rows (a publisher that rolled back while a drainer had to
+	// free its group leaves one): both claims delete them after the
+	// try-lock.
+	exec(`INSERT INTO transport_groups (group_id) VALUES ('d')`)
+	exec(`SELECT * FROM harel_claim(5, 100, 'w:3', 0)`)
+	is.Equal(groups(), 0) // harel_claim took the try-lock and deleted the empty row
+	exec(`INSERT INTO transport_groups (group_id) VALUES ('e')`)
+	exec(`SELECT * FROM harel_claim_many(6, 100, 'w:4', 0, 10)`)
+	is.Equal(groups(), 0) // harel_claim_many took the try-lock and deleted the empty row
+
+	rows, err = tx.Query(ctx(t), `SELECT funcname::text FROM pg_stat_xact_user_functions WHERE schemaname = $1 AND calls > 0`, db.Schema)
+	is.NoErr(err)
+	called, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	is.NoErr(err)
+	for _, f := range []string{"harel_hold_group", "harel_ack", "harel_exchange", "harel_claim", "harel_claim_many"} {
+		is.True(slices.Contains(called, f)) // tracking sees the callers
+	}
+	for _, f := range inlined {
+		if slices.Contains(called, f) {
+			t.Errorf("%s ran as a call of its own, not inlined (calls tracked: %s)", f, strings.Join(called, ", "))
+		}
+	}
+}
