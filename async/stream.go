@@ -58,6 +58,11 @@ type StreamConfig struct {
 // a new group (LISTEN/NOTIFY), an ack, nack or publish through the same
 // Transport that may have freed work, the earliest lease or park it saw
 // when it went idle running out, and Config.IdleSweep.
+//
+// Inside, it is four parts: an ackBatcher (the acks waiting for the next
+// round-trip), a ledger (the leases held and the slots in use), an
+// idleState (when to claim, arm and sleep), and run, the loop that selects
+// over the events that move them.
 type Stream struct {
 	t      *Transport
 	cfg    StreamConfig
@@ -66,48 +71,12 @@ type Stream struct {
 	done   chan struct{} // closed when run returns, after out
 	sub    *notify.Subscription
 	waiter string        // this stream's row in transport_waiters
-	signal chan struct{} // acks queued; holds at most one
+	signal chan struct{} // acks queued or a slot freed; holds at most one
 
-	mu        stdsync.Mutex
-	accepting bool                 // acks may join the next batch
-	acks      []ackRequest         // waiting for the next round-trip
-	held      map[leaseKey]holding // leases claimed and not yet settled
-	settling  int                  // of held, those whose ack is in a round-trip
-	reserved  int                  // slots the round-trips in flight may fill
-	err       error
-}
-
-// A stream's slots in use: leases held and not being settled, and those
-// the round-trips in flight may bring. Never more than MaxInFlight, so C
-// (buffered to MaxInFlight) never blocks the stream. s.mu is held.
-func (s *Stream) used() int { return len(s.held) - s.settling + s.reserved }
-
-// drop forgets a held lease. s.mu is held.
-func (s *Stream) drop(k leaseKey) {
-	if h, ok := s.held[k]; ok {
-		if h.settling {
-			s.settling--
-		}
-		delete(s.held, k)
-	}
-}
-
-// leaseKey names a lease: a batch claim gives all its leases one token.
-type leaseKey struct{ token, group string }
-
-func keyOf(l *pgtransport.Lease) leaseKey { return leaseKey{l.Token, l.Group} }
-
-type holding struct {
-	lease    *pgtransport.Lease
-	lapses   time.Time // by this process's clock
-	giveBack time.Time // if still unreceived in C then
-	settling bool      // its ack is in a round-trip: its slot is counted free
-	acked    bool      // its ack is queued or in a round-trip
-}
-
-type ackRequest struct {
-	lease *pgtransport.Lease
-	done  chan error
+	mu     stdsync.Mutex // guards acks and ledger together, and err
+	acks   ackBatcher
+	ledger ledger
+	err    error
 }
 
 // Stream starts a consumer of leases for cfg.WorkerID. It runs until ctx
@@ -127,14 +96,13 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 		return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed)
 	}
 	s := &Stream{
-		t:         t,
-		cfg:       cfg,
-		out:       make(chan *pgtransport.Lease, cfg.MaxInFlight),
-		done:      make(chan struct{}),
-		signal:    make(chan struct{}, 1),
-		waiter:    core.NewToken(cfg.WorkerID),
-		accepting: true,
-		held:      map[leaseKey]holding{},
+		t:      t,
+		cfg:    cfg,
+		out:    make(chan *pgtransport.Lease, cfg.MaxInFlight),
+		done:   make(chan struct{}),
+		signal: make(chan struct{}, 1),
+		waiter: core.NewToken(cfg.WorkerID),
+		ledger: newLedger(cfg.MaxInFlight),
 	}
 	if t.listener != nil {
 		sub, err := t.listener.Subscribe(t.channel)
@@ -159,6 +127,7 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 	}
 	t.wg.Add(1)
 	t.mu.Unlock()
+	t.streams.add(s)
 	go func() {
 		defer t.wg.Done()
 		s.run(ctx, parent)
@@ -206,301 +175,234 @@ func (s *Stream) stop(err error) {
 	s.mu.Unlock()
 }
 
-// enqueue adds an ack of l to the next batch; false if the stream no
-// longer takes acks (the caller acks on its own). An ack of a lease the
-// stream holds in another form, an earlier message of a kept group under
-// the same token or a lease whose ack is already on its way, is answered
-// ErrLeaseLost at once: sent, it would free a group the stream still holds.
+// The stream's side of the Transport's calls on its leases (streamSet).
+
+// enqueue adds an ack of l to the next round-trip; false if the stream does
+// not hold l or no longer takes acks (the caller acks on its own). An ack
+// the ledger calls lost is answered ErrLeaseLost at once.
 func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.accepting {
+	if s.acks.closed {
+		s.mu.Unlock()
 		return nil, false
 	}
-	h, ok := s.held[keyOf(l)]
-	if !ok {
-		return nil, false // not ours (any more): lapsed, or already settled
+	var done <-chan error
+	switch s.ledger.admit(l) {
+	case notHeld:
+		s.mu.Unlock()
+		return nil, false
+	case lostAck:
+		s.mu.Unlock()
+		lost := make(chan error, 1)
+		lost <- pgtransport.ErrLeaseLost
+		return lost, true
+	case queueAck:
+		done = s.acks.add(l)
 	}
-	done := make(chan error, 1)
-	if h.acked || h.lease.Seq != l.Seq {
-		done <- pgtransport.ErrLeaseLost
-		return done, true
+	s.mu.Unlock()
+	s.poke()
+	return done, true
+}
+
+// release frees the slot of a lease settled outside the stream's
+// round-trips (a nack, AckMany, AckNext); false if the stream did not hold it.
+func (s *Stream) release(l *pgtransport.Lease) bool {
+	s.mu.Lock()
+	held := s.ledger.drop(keyOf(l))
+	s.mu.Unlock()
+	if held {
+		s.poke() // a slot came free
 	}
-	h.acked = true
-	s.held[keyOf(l)] = h
-	s.acks = append(s.acks, ackRequest{lease: l, done: done})
+	return held
+}
+
+// extend records that l, held by the stream, now holds until until, and
+// holds next's message if next is not nil; false if the stream does not
+// hold it.
+func (s *Stream) extend(l, next *pgtransport.Lease, until time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ledger.extend(keyOf(l), next, until)
+}
+
+// poke wakes the loop: acks are queued or a slot came free. Coalesced: the
+// loop reads the state afresh whenever it wakes.
+func (s *Stream) poke() {
 	select {
 	case s.signal <- struct{}{}:
 	default:
 	}
-	return done, true
 }
 
-// release frees the slot of a lease settled outside a batch (a nack).
-func (s *Stream) release(l *pgtransport.Lease) {
-	s.mu.Lock()
-	s.drop(keyOf(l))
-	s.mu.Unlock()
-	select {
-	case s.signal <- struct{}{}: // a slot came free
-	default:
-	}
-}
-
-func (s *Stream) extend(l *pgtransport.Lease, until time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h, ok := s.held[keyOf(l)]; ok {
-		h.lapses = until
-		s.held[keyOf(l)] = h
-	}
-}
-
-// The stream's claiming phases. After a claim finds nothing the stream
-// stops claiming (acks still settle, and keep hot groups): each claim walks
-// the round-robin index. Before it sleeps it says it is idle (a waiter row,
-// so publishers notify it) and claims once more; then it sleeps until a
-// wake-up: a notification, a wake-up from this process, the earliest lease
-// or park it saw running out, IdleSweep, or an ack of its own that freed a
-// group.
-const (
-	claiming = iota // claim with every round-trip
-	arming          // arm, then claim once more
-	dry             // settle only, until a wake-up
-)
-
-// depth is how many round-trips a claiming stream keeps in flight, each on
-// a connection of its own. While one is out, the next leaves once half of
-// MaxInFlight has been acked, or as soon as the first comes back: the
-// stream's leases go round in two halves, each settled and replaced while
-// the other is being worked on. (Measured, 64 in flight on 2 cores: one
-// round-trip at a time, 28k msgs/s; two, the second leaving at the first
-// ack, 31k, in batches of 19 at 51 µs of CPU a message; two, the second
-// leaving at half, 38k, in batches of 31 at 39 µs. A third costs more CPU
-// than it saves.)
-const depth = 2
-
-// trip is what the stream's goroutine learns from a round-trip.
-type trip struct {
-	limit              int // claims asked for, kept leases included
-	got, claims, freed int // as exchange returns them
-	err                error
-}
-
-// run is the stream's goroutine. It owns the round-trips it launches and
+// run is the stream's loop and goroutine, modelled on River's producer
+// loop: each turn it sends a round-trip if one may leave (and there is
+// something to send), else waits for the next event: a round-trip
+// returned, acks queued or a slot freed, a notification or a wake-up from
+// this process (dry only), the next deadline (a lease in C due back, one
+// lapsing, IdleSweep), or ctx done. It owns the round-trips it sends and
 // waits for them before it finishes.
 func (s *Stream) run(ctx, parent context.Context) {
 	defer close(s.done)
 	defer close(s.out)
 	defer s.finish(parent)
 	var (
-		phase  = claiming
-		armed  bool // our waiter row may exist
-		looked bool // dry after arming and claiming once more: safe to sleep
-		next   time.Time
-		ticket *core.Ticket
+		w      = idleState{notify: s.sub != nil, sweep: s.t.cfg.IdleSweep}
 		retry  = newRetry()
 		trips  = make(chan trip, depth)
 		flying int // round-trips in flight
+		subC   <-chan struct{}
 	)
-	// When the waiter row was last written, the ticket taken, and the last
-	// round-trip that claimed left: a claim that left after both saw every
-	// group claimable before it, and the row and the ticket catch those
-	// after it.
-	var armedAt, ticketAt, claimedAt time.Time
+	if s.sub != nil {
+		subC = s.sub.C()
+	}
 	defer func() {
 		for ; flying > 0; flying-- {
 			<-trips
 		}
-		if ticket != nil {
-			ticket.Done()
-		}
+		w.dropTicket()
 	}()
-	// landed takes in a round-trip's outcome; false ends the stream.
-	landed := func(t trip) bool {
-		flying--
-		if t.err != nil {
-			return s.recover(ctx, t.err, retry)
-		}
-		retry.Reset()
-		if t.freed > 0 { // groups freed with messages left, maybe: for other waiters here
-			s.t.parking.WakeOthers(t.freed, ticket)
-		}
-		switch {
-		case t.claims > 0 || t.freed > 0:
-			phase, looked = claiming, false
-			if !s.full() {
-				break // room for more: still a waiter
-			}
-			if armed && t.claims > 0 { // publishers need not tell us
-				if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
-					s.report(err) // harmless: the row only makes publishers notify until it lapses
-				}
-				armed = false
-			}
-			if ticket != nil {
-				ticket.Done()
-				ticket = nil
-			}
-		case t.limit > t.got && phase == claiming:
-			phase, looked = dry, false // no arming while acks keep the stream busy
-		case t.limit > t.got && phase == arming:
-			phase, looked = dry, true
-		}
-		return ctx.Err() == nil
-	}
 	for {
-		// While a round-trip is out, a second leaves only when the stream
-		// is claiming and half of MaxInFlight is acked; arming and sleeping
-		// go one at a time, as they read the outcome.
-		if flying > 0 {
-			wait := flying >= depth || phase != claiming
-			if !wait && s.queued() < max(s.cfg.MaxInFlight/2, 1) {
-				select {
-				case t := <-trips:
-					if !landed(t) {
-						return
+		if w.mayLeave(flying, s.queued(), s.cfg.MaxInFlight) {
+			acks, free := s.take()
+			if !w.sleeps(len(acks), free, time.Now()) {
+				frees := w.phase == dry && s.t.core.ReleasesAny(leasesOf(acks)) // only dry asks
+				limit := w.limit(free, frees)
+				if w.arms(limit) { // nothing in flight: mayLeave
+					if err := s.arm(ctx, &w); err != nil {
+						s.requeue(acks)
+						if !s.recover(ctx, err, retry) {
+							return
+						}
+						continue
 					}
-				case <-s.signal: // more acks
-				case <-ctx.Done():
-					return
 				}
-				continue
-			}
-			if wait {
-				if !landed(<-trips) {
-					return
-				}
+				w.sent(limit, time.Now())
+				s.send(ctx, trips, acks, limit)
+				flying++
 				continue
 			}
 		}
-		acks, free := s.take()
-		if len(acks) == 0 && phase == dry && !looked && free > 0 {
-			if s.armedNow(armed, armedAt, next) && ticket != nil && armedAt.Before(claimedAt) && ticketAt.Before(claimedAt) {
-				looked = true // the last claim left after the row and the ticket were in place: sleep
-			} else {
-				phase = arming // about to sleep: arm and claim once more first
-			}
+		// Nothing to send now. With nothing in flight the stream sleeps
+		// until a deadline or a wake-up; else it waits for a round-trip.
+		var (
+			sleep            *time.Timer
+			timeout          <-chan time.Time
+			notified, wakeup <-chan struct{}
+		)
+		if flying == 0 {
+			sleep = time.NewTimer(w.sleepFor(s.untilDeadline(), time.Now()))
+			timeout = sleep.C
+			notified, wakeup = w.wakeups(subC)
 		}
-		if len(acks) == 0 && (free == 0 || phase == dry) { // nothing out (see above)
-			woken, ok := s.sleep(ctx, next, ticket, phase == dry)
-			if !ok {
+		select {
+		case t := <-trips:
+			flying--
+			if !s.landed(ctx, &w, t, retry) {
 				return
 			}
-			if woken {
-				phase = arming
+		case <-s.signal: // acks queued or a slot freed: look again
+		case <-notified:
+			w.woken()
+		case <-wakeup:
+			w.woken()
+		case <-timeout:
+			s.giveBackStale(ctx)
+			if w.phase == dry {
+				w.woken() // IdleSweep or the earliest expiry: look again
 			}
-			continue
+		case <-ctx.Done():
+			return
 		}
-		limit := free
-		if phase == dry && !s.t.core.ReleasesAny(leasesOf(acks)) {
-			limit = 0 // settle (and keep) only; but claim with an ack that frees a group
+		if sleep != nil {
+			sleep.Stop()
 		}
-		if phase == arming && limit > 0 { // nothing in flight: see above
-			if !s.armedNow(armed, armedAt, next) { // else only the claim is needed
-				d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
-				if err != nil {
-					s.requeue(acks)
-					if !s.recover(ctx, err, retry) {
-						return
-					}
-					continue
-				}
-				armed, armedAt = s.sub != nil, time.Now()
-				next = time.Time{}
-				if ok {
-					next = time.Now().Add(d)
-				}
-			}
-			if ticket != nil {
-				ticket.Done()
-			}
-			ticket, ticketAt = s.t.parking.Ticket(), time.Now() // before the claim: a wake-up after it is not lost
-		}
-		if limit > 0 {
-			claimedAt = time.Now()
-		}
-		s.mu.Lock()
-		s.reserved += limit
-		s.mu.Unlock()
-		flying++
-		go func() {
-			t := trip{limit: limit}
-			t.got, t.claims, t.freed, t.err = s.exchange(ctx, acks, limit)
-			trips <- t
-		}()
 	}
+}
+
+// landed takes in a round-trip's outcome; false ends the stream.
+func (s *Stream) landed(ctx context.Context, w *idleState, t trip, retry *backoff.ExponentialBackOff) bool {
+	if t.err != nil {
+		return s.recover(ctx, t.err, retry)
+	}
+	retry.Reset()
+	if t.freed > 0 { // groups freed with messages left, maybe: for other waiters here
+		s.t.parking.WakeOthers(t.freed, w.ticket)
+	}
+	if w.landed(t, s.full()) {
+		if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
+			s.report(err) // harmless: the row only makes publishers notify until it lapses
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// arm readies the stream to sleep, before the claim that may find nothing:
+// its waiter row, unless the last still stands, and a fresh ticket.
+func (s *Stream) arm(ctx context.Context, w *idleState) error {
+	if !w.armedNow(time.Now()) {
+		d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+		if err != nil {
+			return err
+		}
+		w.rowWritten(time.Now(), d, ok)
+	}
+	w.retick(s.t.parking.Ticket(), time.Now())
+	return nil
+}
+
+// send reserves limit slots and starts a round-trip that settles acks and
+// claims up to limit; its outcome comes back on trips.
+func (s *Stream) send(ctx context.Context, trips chan<- trip, acks []ackRequest, limit int) {
+	s.mu.Lock()
+	s.ledger.reserve(limit)
+	s.mu.Unlock()
+	go func() { // run waits for it: every send is received from trips
+		t := trip{limit: limit}
+		t.got, t.claims, t.freed, t.err = s.exchange(ctx, acks, limit)
+		trips <- t
+	}()
 }
 
 // queued is how many acks wait for the next round-trip.
 func (s *Stream) queued() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.acks)
-}
-
-// armedNow reports whether the waiter row written at armedAt still stands
-// for this stream: it lives longer than any sleep (waiterTTL) if written
-// within IdleSweep, and the next expiry it reported is still ahead. (With
-// notifications off there is no row; the expiry still counts.)
-func (s *Stream) armedNow(armed bool, armedAt, next time.Time) bool {
-	fresh := time.Since(armedAt) < s.t.cfg.IdleSweep
-	ahead := next.IsZero() || next.After(time.Now())
-	return (armed || s.sub == nil) && fresh && ahead
+	return s.acks.len()
 }
 
 // full reports whether every slot is taken.
 func (s *Stream) full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.used() >= s.cfg.MaxInFlight
+	return s.ledger.full()
 }
 
 // take returns the acks queued for the next round-trip, their slots now
-// counted free, and how many leases it may claim.
+// counted free, and how many leases it may claim. Leases that lapsed are
+// dropped first.
 func (s *Stream) take() ([]ackRequest, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	acks := s.acks
-	s.acks = nil
-	s.expire(time.Now())
-	s.mark(acks, true)
-	return acks, max(s.cfg.MaxInFlight-s.used(), 0)
-}
-
-// mark sets whether the leases of acks are being settled. s.mu is held.
-func (s *Stream) mark(acks []ackRequest, settling bool) {
-	for _, a := range acks {
-		k := keyOf(a.lease)
-		if h, ok := s.held[k]; ok && h.settling != settling {
-			h.settling = settling
-			s.held[k] = h
-			if settling {
-				s.settling++
-			} else {
-				s.settling--
-			}
-		}
-	}
+	acks := s.acks.take()
+	s.ledger.expire(time.Now())
+	s.ledger.settle(leasesOf(acks), true)
+	return acks, s.ledger.free()
 }
 
 // requeue puts acks back for the next round-trip after a failed one.
 func (s *Stream) requeue(acks []ackRequest) {
 	s.mu.Lock()
-	s.mark(acks, false)
-	s.acks = append(acks, s.acks...)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	s.ledger.settle(leasesOf(acks), false)
+	s.acks.requeue(acks)
 }
 
-// expire drops leases whose visibility ran out: their groups are claimable
-// again, not ours. s.mu is held.
-func (s *Stream) expire(now time.Time) {
-	for k, h := range s.held {
-		if !h.lapses.After(now) {
-			s.drop(k)
-			s.t.leases.Delete(k)
-		}
-	}
+// untilDeadline is how long until a held lease lapses or one waiting in C
+// is due to be given back.
+func (s *Stream) untilDeadline() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(time.Until(s.ledger.nextDeadline(time.Now())), 0)
 }
 
 // exchange settles acks and claims up to limit leases (kept ones count),
@@ -508,79 +410,58 @@ func (s *Stream) expire(now time.Time) {
 // slots reserved for it are then returned. It returns how many leases it
 // added, how many of them were claimed (not kept), and how many acks freed
 // their group. The stream stopping does not cancel it: a round-trip cut off
-// mid-way would leave acks and leases in doubt.
+// mid-way would leave acks and leases in doubt (only the Transport's Close,
+// after closeGrace, does).
 func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (got, claims, freed int, err error) {
 	reserved := limit
 	leases := leasesOf(acks)
 	if ctx.Err() != nil {
 		limit = 0 // stopping: settle only
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), roundTripTimeout)
+	rctx, cancel := s.t.detach(ctx, roundTripTimeout)
 	defer cancel()
 	start := time.Now()
 	settled, claimed, err := s.t.core.Exchange(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
 	if err != nil {
+		refused := len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch)
 		s.mu.Lock()
-		s.reserved -= reserved
+		s.ledger.unreserve(reserved)
+		if refused {
+			s.ledger.refuse(leases) // held as before
+		} else {
+			s.ledger.settle(leases, false)
+			s.acks.requeue(acks)
+		}
 		s.mu.Unlock()
-		if len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch) {
-			s.mu.Lock()
-			s.mark(acks, false)
-			for _, a := range acks { // answered: the leases are held as before
-				if h, ok := s.held[keyOf(a.lease)]; ok {
-					h.acked = false
-					s.held[keyOf(a.lease)] = h
-				}
-			}
-			s.mu.Unlock()
-			s.answer(acks, err) // cannot succeed on a retry
+		if refused {
+			answer(acks, err) // cannot succeed on a retry
 			return 0, 0, 0, nil
 		}
-		s.requeue(acks)
 		return 0, 0, 0, err
 	}
-	lapses := start.Add(s.cfg.Visibility)
-	giveBack := start.Add(s.cfg.Visibility / 2)
-	var fresh []*pgtransport.Lease
 	s.mu.Lock()
+	fresh := s.ledger.land(settled, claimed, reserved, start.Add(s.cfg.Visibility), start.Add(s.cfg.Visibility/2))
+	s.mu.Unlock()
 	for i, st := range settled {
-		s.drop(keyOf(st.Lease))
-		if st.Next != nil {
-			fresh = append(fresh, st.Next)
-		} else if st.Err == nil {
-			freed++
-		}
 		acks[i].done <- st.Err
 	}
-	fresh = append(fresh, claimed...)
-	for _, l := range fresh {
-		s.held[keyOf(l)] = holding{lease: l, lapses: lapses, giveBack: giveBack}
-		s.t.leases.Store(keyOf(l), s)
-	}
-	s.reserved -= reserved
-	s.mu.Unlock()
 	for _, l := range fresh {
 		s.out <- l // never blocks: C holds MaxInFlight, and so many slots we have
 	}
-	return len(fresh), len(claimed), freed, nil
-}
-
-func leasesOf(acks []ackRequest) []*pgtransport.Lease {
-	ls := make([]*pgtransport.Lease, len(acks))
-	for i, a := range acks {
-		ls[i] = a.lease
-	}
-	return ls
-}
-
-func (s *Stream) answer(acks []ackRequest, err error) {
-	for _, a := range acks {
-		a.done <- err
-	}
+	return len(fresh), len(claimed), core.Freed(settled), nil
 }
 
 // roundTripTimeout bounds one round-trip of a stream.
 const roundTripTimeout = 30 * time.Second
+
+// detach returns a ctx for cleanup and round-trips that must not be cut
+// off when ctx ends: it keeps ctx's values, ends after d, and is cancelled
+// only if the Transport's Close gives up waiting (closeGrace).
+func (t *Transport) detach(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	stop := context.AfterFunc(t.hard, cancel)
+	return ctx, func() { stop(); cancel() }
+}
 
 // waiterName is the waiter row to arm: none without notifications.
 func (s *Stream) waiterName() string {
@@ -594,112 +475,59 @@ func (s *Stream) waiterName() string {
 // the row lapses soon after a consumer dies without removing it.
 func (s *Stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
 
-// nextDeadline is how long until a held lease lapses or one waiting in C
-// is due to be given back.
-func (s *Stream) nextDeadline() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	first := time.Now().Add(time.Hour)
-	for _, h := range s.held {
-		first = minTime(first, minTime(h.lapses, h.giveBack))
-	}
-	return max(time.Until(first), 0)
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
 // giveBackStale takes back from C the leases that waited there too long
 // and nacks them; the rest go back into C.
 func (s *Stream) giveBackStale(ctx context.Context) {
 	now := time.Now()
 	var stale, keep []*pgtransport.Lease
-	for {
-		select {
-		case l := <-s.out:
-			s.mu.Lock()
-			h, ok := s.held[keyOf(l)]
-			s.mu.Unlock()
-			if ok && !h.giveBack.After(now) {
-				stale = append(stale, l)
-			} else {
-				keep = append(keep, l)
-			}
-			continue
-		default:
+	waiting := s.drain()
+	s.mu.Lock()
+	for _, l := range waiting {
+		if s.ledger.stale(l, now) {
+			stale = append(stale, l)
+		} else {
+			keep = append(keep, l)
 		}
-		break
 	}
+	s.mu.Unlock()
 	for _, l := range keep {
 		s.out <- l
 	}
 	s.nackAll(ctx, stale)
 	s.mu.Lock()
-	for k, h := range s.held { // received long ago: no give-back for those
-		if !h.giveBack.After(now) {
-			h.giveBack = h.lapses
-			s.held[k] = h
-		}
-	}
+	s.ledger.received(now) // past due and not in C: received, so not given back
 	s.mu.Unlock()
 }
 
+// drain takes every lease waiting in C out of it.
+func (s *Stream) drain() []*pgtransport.Lease {
+	var ls []*pgtransport.Lease
+	for {
+		select {
+		case l := <-s.out:
+			ls = append(ls, l)
+		default:
+			return ls
+		}
+	}
+}
+
 // nackAll gives leases back with no delay: each group is first in line
-// again with the same head. It runs even when ctx has ended.
+// again with the same head, and each nack wakes a parked caller here (as
+// core.Nack does). It runs even when ctx has ended.
 func (s *Stream) nackAll(ctx context.Context, leases []*pgtransport.Lease) {
 	if len(leases) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	ctx, cancel := s.t.detach(ctx, 5*time.Second)
 	defer cancel()
 	for _, l := range leases {
 		s.mu.Lock()
-		s.drop(keyOf(l))
+		s.ledger.drop(keyOf(l))
 		s.mu.Unlock()
-		s.t.leases.Delete(keyOf(l))
 		if err := s.t.core.Nack(ctx, l, 0); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 			s.report(err) // it comes back after its visibility instead
 		}
-	}
-	s.t.parking.Wake(len(leases))
-}
-
-// sleep waits, with nothing to settle, for acks, a slot, or (dry) a
-// reason to claim again. woken reports the latter; ok is false when ctx
-// ended.
-func (s *Stream) sleep(ctx context.Context, next time.Time, ticket *core.Ticket, dry bool) (woken, ok bool) {
-	d := s.nextDeadline()
-	if dry {
-		d = min(d, s.t.cfg.IdleSweep)
-		if !next.IsZero() {
-			d = min(d, time.Until(next)+time.Millisecond)
-		}
-	}
-	timer := time.NewTimer(max(d, 0))
-	defer timer.Stop()
-	var notified, wake <-chan struct{}
-	if dry && s.sub != nil {
-		notified = s.sub.C()
-	}
-	if dry && ticket != nil {
-		wake = ticket.C()
-	}
-	select {
-	case <-ctx.Done():
-		return false, false
-	case <-notified:
-		return true, true
-	case <-wake:
-		return true, true
-	case <-s.signal:
-		return false, true
-	case <-timer.C:
-		s.giveBackStale(ctx)
-		return dry, true
 	}
 }
 
@@ -738,34 +566,23 @@ func (s *Stream) finish(parent context.Context) {
 	}
 	s.stop(pgtransport.ErrClosed) // if nothing else was recorded
 	s.mu.Lock()
-	s.accepting = false
-	acks := s.acks
-	s.acks = nil
+	acks := s.acks.close()
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), roundTripTimeout)
+	ctx, cancel := s.t.detach(context.Background(), roundTripTimeout)
 	defer cancel()
 	if len(acks) > 0 {
 		_, _, freed, err := s.exchange(ctx, acks, 0)
 		if err != nil {
-			s.answer(acks, err)
+			answer(acks, err)
 		}
 		s.t.parking.Wake(freed) // for other waiters here
 	}
-	var waiting []*pgtransport.Lease
-	for {
-		select {
-		case l := <-s.out:
-			waiting = append(waiting, l)
-			continue
-		default:
-		}
-		break
-	}
-	s.nackAll(ctx, waiting)
+	s.nackAll(ctx, s.drain())
 	if s.sub != nil {
 		s.sub.Close()
 		_ = s.t.core.Unwait(ctx, s.waiter) // best effort: the row lapses anyway
 	}
+	s.t.streams.remove(s)
 	s.cancel() // unhooks ctx from the Transport's
 }
 

@@ -30,8 +30,10 @@ type Transport struct {
 	pool   *pgxpool.Pool
 	owned  bool // Close closes pool (FromDSN)
 	cfg    pgtransport.Config
-	ctx    context.Context // ends at Close
+	ctx    context.Context // ends as Close begins: streams and waits stop
 	cancel context.CancelFunc
+	hard   context.Context // ends closeGrace later: round-trips still out are cut off
+	abort  context.CancelFunc
 
 	listener *notify.Listener // nil with Config.DisableNotify
 	release  func()           // gives the shared listener back
@@ -40,8 +42,8 @@ type Transport struct {
 	mu      stdsync.Mutex
 	closed  bool
 	wg      stdsync.WaitGroup // every goroutine the Transport started
-	leases  stdsync.Map       // leaseKey -> *Stream, for leases a Stream holds
-	parking core.Parking      // idle streams and ClaimWait callers of this Transport
+	streams streamSet         // the running streams, asked which holds a lease
+	parking *core.Parking     // the core's: idle streams and ClaimWait callers of this Transport
 }
 
 // New returns a Transport on pool. Unless cfg.SkipApply, it first brings the
@@ -56,14 +58,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{core: c, pool: pool, cfg: c.Config()}
+	t := &Transport{core: c, pool: pool, cfg: c.Config(), parking: c.Parking()}
 	if !t.cfg.DisableNotify {
 		if t.channel, err = c.Channel(ctx); err != nil {
 			return nil, err
 		}
-		t.listener, t.release = sharedListener(pool)
+		t.listener, t.release = notify.Shared(pool)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.hard, t.abort = context.WithCancel(context.Background())
 	if t.cfg.Vacuum > 0 {
 		t.wg.Add(1)
 		go func() {
@@ -105,12 +108,16 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 }
 
 // Close stops every stream and waits for every goroutine the Transport
-// started. Leases a stream had claimed but not yet handed to its receiver
-// are given back at once (nack with no delay), so they are not held until
-// their visibility runs out; leases already received stay the receiver's
-// and come back after their visibility unless settled with another
-// transport. Calls in flight are not cancelled: Close waits for them (their
-// ctx bounds them), so none ends with an unknown outcome. Later calls
+// started; it returns within about closeGrace. Leases a stream had claimed
+// but not yet handed to its receiver are given back at once (nack with no
+// delay), so they are not held until their visibility runs out; leases
+// already received stay the receiver's and come back after their
+// visibility unless settled with another transport. A ClaimWait waiting
+// for work ends at once with ErrClosed; if its claim was in flight, the
+// lease it brings back is given back and the call still delivers
+// ErrClosed. Other round-trips in flight are not cancelled, so none ends
+// with an unknown outcome, unless still out after closeGrace (a server
+// that stopped answering): then their ctx is cancelled. Later calls
 // deliver ErrClosed. Closes the pool FromDSN opened. Safe to call twice.
 func (t *Transport) Close() {
 	t.mu.Lock()
@@ -121,7 +128,21 @@ func (t *Transport) Close() {
 	t.closed = true
 	t.mu.Unlock()
 	t.cancel()
-	t.wg.Wait()
+	t.parking.Close()
+	done := make(chan struct{})
+	go func() { // owned by Close, which waits for it below
+		defer close(done)
+		t.wg.Wait()
+	}()
+	grace := time.NewTimer(closeGrace)
+	select {
+	case <-done:
+	case <-grace.C:
+		t.abort()
+		<-done
+	}
+	grace.Stop()
+	t.abort()
 	if t.release != nil {
 		t.release()
 	}
@@ -130,16 +151,17 @@ func (t *Transport) Close() {
 	}
 }
 
+// closeGrace is how long Close lets round-trips in flight finish before
+// it cancels them. A healthy server answers in milliseconds; this only
+// bounds Close when it does not.
+const closeGrace = 5 * time.Second
+
 // Publish appends event to group's FIFO and delivers its seq. A new group
 // gets priority (0-4); an existing one keeps its priority and any live lease.
 // One round-trip.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		seq, err := t.core.Publish(ctx, t.pool, group, event, priority)
-		if err == nil {
-			t.parking.Wake(1)
-		}
-		return seq, err
+		return t.core.Publish(ctx, group, event, priority)
 	})
 }
 
@@ -148,10 +170,7 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 // until the result is delivered; do not use it meanwhile.
 func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		if tx == nil {
-			return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
-		}
-		return t.core.Publish(ctx, tx, group, event, priority)
+		return t.core.PublishTx(ctx, tx, group, event, priority)
 	})
 }
 
@@ -173,20 +192,15 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // channel delivers when that batch commits (after at most the round-trip in
 // flight and its own), and ctx no longer cancels it once queued.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
-	if lease != nil && ctx.Err() == nil {
-		if s, ok := t.leases.Load(keyOf(lease)); ok {
-			if done, ok := s.(*Stream).enqueue(lease); ok {
-				return done // no goroutine of its own: the stream answers
-			}
+	if ctx.Err() == nil {
+		if done, ok := t.streams.enqueue(lease); ok {
+			return done // no goroutine of its own: the stream answers
 		}
 	}
 	return callErr(t, ctx, func(ctx context.Context) error {
 		err := t.core.Ack(ctx, lease)
-		if lease != nil {
-			t.leases.Delete(keyOf(lease))
-		}
-		if err == nil {
-			t.parking.Wake(1) // the group may be claimable again
+		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
+			t.forget(lease) // a stream stopping no longer batches acks
 		}
 		return err
 	})
@@ -201,9 +215,6 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
 			t.forget(lease)
 		}
-		if err == nil {
-			t.parking.Wake(1) // freed now, or a park that idle waiters must time
-		}
 		return err
 	})
 }
@@ -215,9 +226,7 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 		start := time.Now()
 		err := t.core.Extend(ctx, lease, visibility)
 		if err == nil {
-			if s, ok := t.leases.Load(keyOf(lease)); ok {
-				s.(*Stream).extend(lease, start.Add(visibility))
-			}
+			t.streams.extend(lease, nil, start.Add(visibility))
 		}
 		return err
 	})
@@ -227,11 +236,7 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 // delivers their seqs in that order; as sync.Transport.PublishMany.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
 	return call(t, ctx, func(ctx context.Context) ([]int64, error) {
-		seqs, err := t.core.PublishMany(ctx, t.pool, msgs)
-		if err == nil {
-			t.parking.Wake(len(msgs))
-		}
-		return seqs, err
+		return t.core.PublishMany(ctx, msgs)
 	})
 }
 
@@ -239,7 +244,7 @@ func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message)
 // sync.Transport.ClaimWait (a Stream also wakes on notifications).
 func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
-		return t.core.ClaimWait(ctx, &t.parking, workerID, visibility, minPriority)
+		return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
 	})
 }
 
@@ -255,16 +260,13 @@ func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility t
 // ErrLeaseLost); as sync.Transport.AckMany.
 func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan Result[[]error] {
 	return call(t, ctx, func(ctx context.Context) ([]error, error) {
-		settled, err := t.core.AckMany(ctx, leases, false, time.Second)
+		errs, err := t.core.AckMany(ctx, leases)
 		if err != nil {
 			return nil, err
 		}
-		errs := make([]error, len(settled))
-		for i, st := range settled {
-			errs[i] = st.Err
-			t.forget(st.Lease)
+		for _, l := range leases { // settled or lost: no stream holds it now
+			t.forget(l)
 		}
-		t.parking.Wake(len(settled))
 		return errs, nil
 	})
 }
@@ -277,12 +279,9 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 		next, err := t.core.AckNext(ctx, lease, visibility)
 		switch {
 		case next != nil:
-			if s, ok := t.leases.Load(keyOf(lease)); ok {
-				s.(*Stream).extend(lease, start.Add(visibility)) // the same lease, on
-			}
+			t.streams.extend(lease, next, start.Add(visibility)) // the same lease, on
 		case err == nil || errors.Is(err, pgtransport.ErrLeaseLost):
 			t.forget(lease)
-			t.parking.Wake(1)
 		}
 		return next, err
 	})
@@ -293,9 +292,7 @@ func (t *Transport) forget(l *pgtransport.Lease) {
 	if l == nil {
 		return
 	}
-	if s, ok := t.leases.LoadAndDelete(keyOf(l)); ok {
-		s.(*Stream).release(l)
-	}
+	t.streams.release(l)
 }
 
 // call runs f on its own goroutine, owned by t, and delivers the result on a buffered channel.
@@ -316,9 +313,16 @@ func callErr(t *Transport, ctx context.Context, f func(context.Context) error) <
 }
 
 // do runs f on a goroutine the Transport waits for at Close, or closed if
-// the Transport is closed.
+// the Transport is closed. f's ctx is also cancelled if f is still running
+// closeGrace after Close began.
 func (t *Transport) do(ctx context.Context, f func(context.Context), closed func()) {
-	if !t.spawn(func() { f(ctx) }) {
+	if !t.spawn(func() {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(t.hard, cancel)
+		defer stop()
+		f(ctx)
+	}) {
 		closed()
 	}
 }
@@ -350,43 +354,4 @@ func (t *Transport) bind(ctx context.Context) (context.Context, context.CancelFu
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(t.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
-}
-
-// sharedListeners holds one notify.Listener per pool, shared by every
-// Transport on it and closed with the last of them.
-var sharedListeners = struct {
-	mu stdsync.Mutex
-	m  map[*pgxpool.Pool]*shared
-}{m: map[*pgxpool.Pool]*shared{}}
-
-type shared struct {
-	l    *notify.Listener
-	refs int
-}
-
-func sharedListener(pool *pgxpool.Pool) (*notify.Listener, func()) {
-	sharedListeners.mu.Lock()
-	defer sharedListeners.mu.Unlock()
-	s := sharedListeners.m[pool]
-	if s == nil {
-		l, _ := notify.New(notify.Config{Connect: notify.FromPool(pool)}) // Connect is set: no error
-		s = &shared{l: l}
-		sharedListeners.m[pool] = s
-	}
-	s.refs++
-	var once stdsync.Once
-	return s.l, func() {
-		once.Do(func() {
-			sharedListeners.mu.Lock()
-			s.refs--
-			last := s.refs == 0
-			if last {
-				delete(sharedListeners.m, pool)
-			}
-			sharedListeners.mu.Unlock()
-			if last {
-				s.l.Close()
-			}
-		})
-	}
 }

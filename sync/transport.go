@@ -2,7 +2,6 @@ package sync
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,9 +18,8 @@ type DBTX = core.DBTX
 // Transport is the blocking transport. It is safe for concurrent use when its
 // DBTX is (a pool is).
 type Transport struct {
-	core    *core.Core
-	owned   *pgxpool.Pool // closed by Close; set by FromDSN only
-	parking core.Parking  // ClaimWait callers
+	core  *core.Core    // also parks ClaimWait callers and wakes them
+	owned *pgxpool.Pool // closed by Close; set by FromDSN only
 }
 
 // New returns a Transport on db. Unless cfg.SkipApply, it first brings the
@@ -51,10 +49,14 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 	return t, nil
 }
 
-// Close releases the pool FromDSN opened. It does nothing for a Transport
-// made with New (the caller owns that connection) and is safe to call twice.
+// Close releases the pool FromDSN opened: a ClaimWait waiting for work on
+// it returns ErrClosed at once, and later calls fail. (A lease claimed at
+// that very instant cannot be given back on the closed pool: it comes back
+// after its visibility.) It does nothing for a Transport made with New
+// (the caller owns that connection) and is safe to call twice.
 func (t *Transport) Close() {
 	if t.owned != nil {
+		t.core.Parking().Close() // waits end now, not at their next look on a closed pool
 		t.owned.Close()
 	}
 }
@@ -63,11 +65,7 @@ func (t *Transport) Close() {
 // priority (0-4); an existing one keeps its priority and any live lease. One
 // round-trip.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
-	seq, err := t.core.Publish(ctx, t.db(), group, event, priority)
-	if err == nil {
-		t.parking.Wake(1)
-	}
-	return seq, err
+	return t.core.Publish(ctx, group, event, priority)
 }
 
 // PublishMany appends every message in one round-trip, in slice order (so
@@ -76,21 +74,14 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 // pgtransport.MaxBatch messages; one bad message refuses the whole batch
 // with a typed error naming it, and nothing is written.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
-	seqs, err := t.core.PublishMany(ctx, t.db(), msgs)
-	if err == nil {
-		t.parking.Wake(len(msgs))
-	}
-	return seqs, err
+	return t.core.PublishMany(ctx, msgs)
 }
 
 // PublishTx is Publish inside the caller's transaction: the message commits
 // or rolls back with the caller's own writes, and is invisible to claims
 // until then.
 func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
-	if tx == nil {
-		return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
-	}
-	return t.core.Publish(ctx, tx, group, event, priority)
+	return t.core.PublishTx(ctx, tx, group, event, priority)
 }
 
 // Claim leases the claimable group (priority >= minPriority) that was served
@@ -105,11 +96,7 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // deletes the group's row when it has no message left). ErrLeaseLost if the
 // lease no longer holds. One round-trip.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
-	err := t.core.Ack(ctx, lease)
-	if err == nil {
-		t.parking.Wake(1)
-	}
-	return err
+	return t.core.Ack(ctx, lease)
 }
 
 // ClaimWait is Claim that waits for work instead of returning nil: it
@@ -120,7 +107,7 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
 // work from other processes is found then; async streams wake on
 // notifications instead).
 func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
-	return t.core.ClaimWait(ctx, &t.parking, workerID, visibility, minPriority)
+	return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
 }
 
 // ClaimMany leases up to max claimable groups (1 to pgtransport.MaxBatch)
@@ -135,16 +122,7 @@ func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility t
 // The result has an entry per lease: nil, or ErrLeaseLost where that lease
 // no longer held (nothing changed for it). The error is for the call.
 func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error) {
-	settled, err := t.core.AckMany(ctx, leases, false, time.Second)
-	if err != nil {
-		return nil, err
-	}
-	errs := make([]error, len(settled))
-	for i, s := range settled {
-		errs[i] = s.Err
-	}
-	t.parking.Wake(len(settled))
-	return errs, nil
+	return t.core.AckMany(ctx, leases)
 }
 
 // AckNext acks the lease and, when its group has another message and the
@@ -154,11 +132,7 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([
 // freed for the round-robin. ErrLeaseLost if the lease no longer held. One
 // round-trip: a hot group is served at one round-trip per message.
 func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
-	next, err := t.core.AckNext(ctx, lease, visibility)
-	if err == nil && next == nil {
-		t.parking.Wake(1)
-	}
-	return next, err
+	return t.core.AckNext(ctx, lease, visibility)
 }
 
 // Nack gives the lease back without deleting the message. delay > 0 parks the
@@ -166,11 +140,7 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 // it); delay == 0 frees it at once, first in line. ErrLeaseLost if the lease
 // no longer holds. One round-trip.
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) error {
-	err := t.core.Nack(ctx, lease, delay)
-	if err == nil {
-		t.parking.Wake(1)
-	}
-	return err
+	return t.core.Nack(ctx, lease, delay)
 }
 
 // Extend makes the lease hold until now+visibility, for handlers that run
@@ -178,5 +148,3 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) error {
 	return t.core.Extend(ctx, lease, visibility)
 }
-
-func (t *Transport) db() DBTX { return t.core.DB() }

@@ -11,8 +11,15 @@ import (
 
 // PublishMany appends every message in one round-trip, in slice order (so
 // in order within each group), and returns their seqs in the same order.
-// A message that creates its group gives it its priority.
-func (c *Core) PublishMany(ctx context.Context, db DBTX, msgs []pgtransport.Message) ([]int64, error) {
+// A message that creates its group gives it its priority. It wakes a
+// parked caller per message.
+func (c *Core) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	seqs, err := c.publishMany(ctx, msgs)
+	c.parking.Wake(wakesPublish(len(msgs), err))
+	return seqs, err
+}
+
+func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
 	if err := checkBatch(len(msgs)); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
@@ -28,7 +35,7 @@ func (c *Core) PublishMany(ctx context.Context, db DBTX, msgs []pgtransport.Mess
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
-	rows, err := db.Query(ctx, c.q.publishMany, groups, events, prios)
+	rows, err := c.db.Query(ctx, c.q.publishMany, groups, events, prios)
 	if err != nil {
 		return nil, mapErr("publish", err)
 	}
@@ -65,11 +72,36 @@ type Settled struct {
 	Next  *pgtransport.Lease // the group's next head under the same lease, if it was kept
 }
 
-// AckMany settles leases in one round-trip, each fenced on its own token.
-// With keep, a lease whose group has another message and that has taken
-// fewer than Config.MaxKeep in a row is kept (for visibility) and its next
-// head returned in Next.
-func (c *Core) AckMany(ctx context.Context, leases []*pgtransport.Lease, keep bool, visibility time.Duration) ([]Settled, error) {
+// settleOnlyVisibility is the visibility AckMany hands to Exchange. Such
+// an exchange keeps no group and claims none, so no lease is given this
+// length and the value is never written: it only has to pass the
+// visibility check. Any positive duration would do; a second reads as the
+// placeholder it is.
+const settleOnlyVisibility = time.Second
+
+// AckMany acks leases in one round-trip, each fenced on its own token, and
+// frees every group it acked in (none is kept). The result has an entry
+// per lease, in order: nil, or ErrLeaseLost where that lease no longer
+// held (nothing changed for it). The error is for the call. It wakes a
+// parked caller per group freed.
+func (c *Core) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error) {
+	settled, err := c.settle(ctx, leases, false, settleOnlyVisibility)
+	if err != nil {
+		return nil, err
+	}
+	c.parking.Wake(Freed(settled))
+	errs := make([]error, len(settled))
+	for i, s := range settled {
+		errs[i] = s.Err
+	}
+	return errs, nil
+}
+
+// settle acks leases in one round-trip, each fenced on its own token. With
+// keep, a lease whose group has another message and that has taken fewer
+// than Config.MaxKeep in a row is kept (for visibility) and its next head
+// returned in Next. It wakes nobody: its callers do.
+func (c *Core) settle(ctx context.Context, leases []*pgtransport.Lease, keep bool, visibility time.Duration) ([]Settled, error) {
 	if err := checkBatch(len(leases)); err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
@@ -77,9 +109,10 @@ func (c *Core) AckMany(ctx context.Context, leases []*pgtransport.Lease, keep bo
 	return settled, err
 }
 
-// Exchange is a worker's round-trip: settle acks (as AckMany) and lease up
-// to limit groups, fewer those kept (as ClaimMany, for workerID), in one
-// transaction.
+// Exchange is a worker's round-trip: settle acks (as AckMany, or with keep
+// as AckNext) and lease up to limit groups, fewer those kept (as ClaimMany,
+// for workerID), in one transaction. It wakes nobody: its caller, a
+// stream, wakes Freed(settled) others, passing over its own ticket.
 func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	if limit > 0 || workerID != "" {
 		if err := CheckClaim(workerID, visibility, minPriority); err != nil {
@@ -179,14 +212,30 @@ func checkBatch(n int) error {
 }
 
 // ClaimWait is Claim that waits for work instead of returning nil. Between
-// empty claims it parks in p (woken by this process's acks, nacks and
-// publishes), until the earliest lease or park among the claimable groups
-// runs out, or for at most Config.IdleSweep. It returns ctx's error when
-// ctx ends.
-func (c *Core) ClaimWait(ctx context.Context, p *Parking, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+// empty claims it parks in the core's Parking (woken as wake.go says),
+// until the earliest lease or park among the claimable groups runs out, or
+// for at most Config.IdleSweep. It returns ctx's error when ctx ends, and
+// ErrClosed once the Parking is closed: a lease claimed by the round-trip
+// in flight then is given back (nack with no delay), as nobody will take it.
+func (c *Core) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	p := &c.parking
 	for {
+		if p.Closed() {
+			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+		}
 		ticket := p.Ticket() // before the claim: a wake-up after it is not lost
 		l, err := c.Claim(ctx, workerID, visibility, minPriority)
+		if l != nil && p.Closed() {
+			ticket.Done()
+			c.giveBack(ctx, l)
+			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+		}
+		if err != nil && p.Closed() {
+			// Closed while the claim ran: the pool may be gone too, and
+			// its error ("closed pool") is the Close the caller must see.
+			ticket.Done()
+			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+		}
 		if l != nil || err != nil {
 			ticket.Done()
 			return l, err
@@ -194,6 +243,9 @@ func (c *Core) ClaimWait(ctx context.Context, p *Parking, workerID string, visib
 		d, ok, err := c.Wait(ctx, "", minPriority, 0)
 		if err != nil {
 			ticket.Done()
+			if p.Closed() {
+				return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+			}
 			return nil, fmt.Errorf("claim: %w", err)
 		}
 		wait := c.cfg.IdleSweep
@@ -217,17 +269,31 @@ func (c *Core) ClaimWait(ctx context.Context, p *Parking, workerID string, visib
 // AckNext acks l and, if its group has another message and l has taken
 // fewer than Config.MaxKeep in a row, keeps the group under the same lease
 // for visibility and returns that next message; else nil (the group is
-// freed or, drained, deleted). One round-trip.
+// freed or, drained, deleted) and it wakes one parked caller. One
+// round-trip.
 func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
 	if err := checkLease(l); err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
-	settled, err := c.AckMany(ctx, []*pgtransport.Lease{l}, true, visibility)
+	settled, err := c.settle(ctx, []*pgtransport.Lease{l}, true, visibility)
 	if err != nil {
 		return nil, err
 	}
+	c.parking.Wake(Freed(settled))
 	if err := settled[0].Err; err != nil {
 		return nil, fmt.Errorf("ack: %w", err)
 	}
 	return settled[0].Next, nil
 }
+
+// giveBack nacks l with no delay, even when ctx has ended (under a short
+// timeout of its own): a lease nobody will work on is first in line again
+// at once instead of after its visibility. A failure leaves it to lapse.
+func (c *Core) giveBack(ctx context.Context, l *pgtransport.Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	_ = c.Nack(ctx, l, 0)
+}
+
+// giveBackTimeout bounds a give-back during shutdown.
+const giveBackTimeout = 5 * time.Second

@@ -37,6 +37,7 @@ type Core struct {
 	maxEvent int
 	q        statements
 	cfg      pgtransport.Config
+	parking  Parking // this core's idle callers; see wake.go for who wakes them
 }
 
 // New checks cfg, fills its defaults and, unless cfg.SkipApply, applies the
@@ -101,9 +102,28 @@ func fromEpoch(s float64) time.Time {
 	return time.Unix(int64(sec), int64(frac*1e9))
 }
 
-// Publish appends event to group through db (the core's handle, or a
-// caller's transaction), readying the group with priority if it is new.
-func (c *Core) Publish(ctx context.Context, db DBTX, group, event string, priority int) (int64, error) {
+// Publish appends event to group, readying the group with priority if it
+// is new, and wakes one parked caller.
+func (c *Core) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
+	seq, err := c.publish(ctx, c.db, group, event, priority)
+	c.parking.Wake(wakesPublish(1, err))
+	return seq, err
+}
+
+// PublishTx is Publish inside the caller's transaction tx. It wakes nobody:
+// the message is invisible until the caller commits, which the core does
+// not see (async streams learn of it by notification, ClaimWait callers
+// at their next look).
+func (c *Core) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
+	if tx == nil {
+		return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
+	}
+	return c.publish(ctx, tx, group, event, priority)
+}
+
+// publish appends event to group through db: the core's handle or a
+// caller's transaction.
+func (c *Core) publish(ctx context.Context, db DBTX, group, event string, priority int) (int64, error) {
 	if err := cmp.Or(checkGroup(group), c.checkEvent(event), checkPriority(priority)); err != nil {
 		return 0, fmt.Errorf("publish: %w", err)
 	}
@@ -143,20 +163,26 @@ func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Durat
 	return &l, nil
 }
 
-// Ack deletes the lease's message and frees its group.
+// Ack deletes the lease's message and frees its group, waking one parked
+// caller.
 func (c *Core) Ack(ctx context.Context, l *pgtransport.Lease) error {
 	if err := checkLease(l); err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
-	return c.fenced(ctx, "ack", c.q.ack, l.Group, l.Seq, l.Token)
+	err := c.fenced(ctx, "ack", c.q.ack, l.Group, l.Seq, l.Token)
+	c.parking.Wake(wakesSettle(err))
+	return err
 }
 
-// Nack gives the lease back: parked for delay, or free at once when delay is 0.
+// Nack gives the lease back: parked for delay, or free at once when delay
+// is 0. Either way it wakes one parked caller.
 func (c *Core) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Duration) error {
 	if err := cmp.Or(checkLease(l), checkDelay(delay)); err != nil {
 		return fmt.Errorf("nack: %w", err)
 	}
-	return c.fenced(ctx, "nack", c.q.nack, l.Group, l.Token, delay.Seconds())
+	err := c.fenced(ctx, "nack", c.q.nack, l.Group, l.Token, delay.Seconds())
+	c.parking.Wake(wakesSettle(err))
+	return err
 }
 
 // Extend moves the lease's end to now + visibility.
@@ -258,5 +284,7 @@ func newUUID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// DB returns the handle the core sends statements through.
-func (c *Core) DB() DBTX { return c.db }
+// Parking returns the queue where this core's idle callers wait: an async
+// stream parks its ticket there and, for its own round-trips, wakes as many
+// as Freed counts.
+func (c *Core) Parking() *Parking { return &c.parking }

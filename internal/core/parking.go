@@ -7,8 +7,9 @@ import stdsync "sync"
 // Take a Ticket before the claim that may find nothing, so a wake-up that
 // lands between that claim and the wait is not lost.
 type Parking struct {
-	mu    stdsync.Mutex
-	queue []*Ticket
+	mu     stdsync.Mutex
+	queue  []*Ticket
+	closed bool
 }
 
 // Ticket is one caller's place in the queue.
@@ -17,13 +18,34 @@ type Ticket struct {
 	p *Parking
 }
 
-// Ticket queues the caller.
+// Ticket queues the caller. After Close it is woken at once.
 func (p *Parking) Ticket() *Ticket {
 	t := &Ticket{c: make(chan struct{}, 1), p: p}
 	p.mu.Lock()
-	p.queue = append(p.queue, t)
+	if p.closed {
+		t.c <- struct{}{}
+	} else {
+		p.queue = append(p.queue, t)
+	}
 	p.mu.Unlock()
 	return t
+}
+
+// Close wakes every waiter, and every later Ticket at once; Closed then
+// reports true, so a waiter that wakes stops instead of waiting again.
+// The Transport that owns p calls it as it closes. Safe to call twice.
+func (p *Parking) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.Wake(-1)
+}
+
+// Closed reports whether Close was called.
+func (p *Parking) Closed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
 }
 
 // C receives once the ticket is woken.
