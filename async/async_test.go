@@ -206,6 +206,18 @@ func receive(t *testing.T, s *async.Stream, within time.Duration) *pgtransport.L
 	}
 }
 
+// eventually polls cond until it holds, and fails the test if it does not
+// within the given time. It is for conditions only the database shows (a
+// row, a statistic), which no channel signals.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never %s within %v", what, within)
+		}
+	}
+}
+
 func count(t *testing.T, db *pgtest.DB, query string, args ...any) int {
 	t.Helper()
 	var n int
@@ -262,10 +274,11 @@ func TestBackPressure(t *testing.T) {
 	held := []*pgtransport.Lease{receive(t, s, time.Minute), receive(t, s, time.Minute)}
 	locked := func() int { return count(t, db, `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`) }
 	// The third is claimed and waits to be received; no fourth is claimed.
-	for locked() < 3 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // room for a wrong fourth claim
+	eventually(t, time.Minute, "3 leases held", func() bool { return locked() >= 3 })
+	// Kept sleeps: they show that something does not happen, and a full
+	// stream signals nothing when it declines to claim; a wrong fourth claim
+	// would follow the third within a round-trip, well inside 200 ms.
+	time.Sleep(200 * time.Millisecond)
 	is.Equal(locked(), 3)
 	held = append(held, receive(t, s, time.Minute))
 	time.Sleep(200 * time.Millisecond)
@@ -367,9 +380,10 @@ func TestCloseGivesBack(t *testing.T) {
 	tr, st, db := setup(t, pgtransport.Config{})
 	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
 	s := stream(t, tr, async.StreamConfig{})
-	for count(t, db, `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`) == 0 {
-		time.Sleep(5 * time.Millisecond) // the stream has claimed, nobody receives
-	}
+	// The stream has claimed, nobody receives: only the table shows it.
+	eventually(t, time.Minute, "claimed", func() bool {
+		return count(t, db, `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`) > 0
+	})
 	s.Close()
 	s.Close() // twice is fine
 	_, ok := <-s.C()
@@ -401,6 +415,8 @@ func TestUnreceivedLeaseIsGivenBack(t *testing.T) {
 		if token != "" {
 			seen[token] = true
 		}
+		// Kept: the test samples the lease over real time, as the stream's
+		// own timer hands it back before the server-side expiry.
 		time.Sleep(10 * time.Millisecond)
 	}
 	is.True(len(seen) >= 2)                         // given back and claimed afresh, not held on
@@ -448,10 +464,10 @@ func TestStreamConfigErrors(t *testing.T) {
 		cfg  async.StreamConfig
 		want error
 	}{
-		{"no worker id", async.StreamConfig{Visibility: time.Minute}, pgtransport.ErrInvalidWorkerID},
-		{"no visibility", async.StreamConfig{WorkerID: "w"}, pgtransport.ErrInvalidVisibility},
-		{"priority floor too high", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MinPriority: 5}, pgtransport.ErrInvalidPriority},
-		{"negative in-flight bound", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: -1}, pgtransport.ErrInvalidConfig},
+		{"NoWorkerID", async.StreamConfig{Visibility: time.Minute}, pgtransport.ErrInvalidWorkerID},
+		{"NoVisibility", async.StreamConfig{WorkerID: "w"}, pgtransport.ErrInvalidVisibility},
+		{"PriorityFloorTooHigh", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MinPriority: 5}, pgtransport.ErrInvalidPriority},
+		{"NegativeInFlightBound", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: -1}, pgtransport.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tr.Stream(ctx(t), tc.cfg)
@@ -500,16 +516,9 @@ func TestVacuum(t *testing.T) {
 		errs := (<-tr.AckMany(ctx(t), ls)).Value
 		is.Equal(len(errs), 1000)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(t, 30*time.Second, "vacuumed transport_groups", func() bool {
 		var vacuums int
 		is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT vacuum_count + autovacuum_count FROM pg_stat_user_tables WHERE relid = 'transport_groups'::regclass`).Scan(&vacuums))
-		if vacuums > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("transport_groups was never vacuumed")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return vacuums > 0
+	})
 }

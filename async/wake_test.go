@@ -71,16 +71,13 @@ func listenTo(t *testing.T, db *pgtest.DB) func() int {
 	}
 }
 
-// waitArmed waits until n consumers have said they are idle.
+// waitArmed waits until n consumers have said they are idle: their waiter
+// rows are the only sign of it.
 func waitArmed(t *testing.T, db *pgtest.DB, n int) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for count(t, db, `SELECT count(*) FROM transport_waiters`) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("never %d waiters", n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	eventually(t, time.Minute, fmt.Sprint(n, " waiters"), func() bool {
+		return count(t, db, `SELECT count(*) FROM transport_waiters`) == n
+	})
 }
 
 // TestPlainPublishWakes: an idle stream wakes for a message published with
@@ -152,7 +149,9 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 	waitArmed(t, dbB, 1)
 	// A woken consumer refreshes its waiter row when it looks again; B's
 	// must stay as it is. First let the wake-ups of B's channel joining the
-	// listener settle: B's row unchanged for 300 ms.
+	// listener settle: B's row unchanged for 300 ms. Kept as a quiet period:
+	// those wake-ups are coalesced into one pending hint, and nothing but the
+	// row they refresh shows whether B has taken it yet.
 	until := func() float64 {
 		var u float64
 		is.NoErr(dbB.Pool.QueryRow(ctx(t), `SELECT until FROM transport_waiters`).Scan(&u))
@@ -167,8 +166,11 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 	plainPublish(t, dbA, "g", "for A")
 	l := receive(t, sA, 10*time.Second)
 	is.Equal(l.Event, "for A")
-	time.Sleep(200 * time.Millisecond) // B would have woken by now
-	is.Equal(until(), before)          // B slept through it
+	// Kept: it shows that B does not wake. A misrouted wake-up would reach B
+	// with A's, and B's look and re-arm take two round-trips, well inside
+	// 200 ms; nothing signals a wake-up that does not happen.
+	time.Sleep(200 * time.Millisecond)
+	is.Equal(until(), before) // B slept through it
 	plainPublish(t, dbB, "g", "for B")
 	is.Equal(receive(t, sB, 10*time.Second).Event, "for B") // and B does wake for its own
 }
@@ -180,8 +182,8 @@ func TestExpiryWakes(t *testing.T) {
 		name string
 		park bool // nack with a delay; else the holder just goes away
 	}{
-		{"lease abandoned", false},
-		{"nack parks", true},
+		{"LeaseAbandoned", false},
+		{"NackParks", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -231,7 +233,9 @@ func TestNotifyOff(t *testing.T) {
 	tr, _, db := setup(t, pgtransport.Config{DisableNotify: true, IdleSweep: 50 * time.Millisecond})
 	notes := listenTo(t, db)
 	s := stream(t, tr, async.StreamConfig{})
-	time.Sleep(200 * time.Millisecond) // several idle sweeps
+	// Kept: the case is about what idle sweeps do over time, and a sweep
+	// that finds nothing leaves no trace to wait for; 200 ms is four sweeps.
+	time.Sleep(200 * time.Millisecond)
 	is.Equal(count(t, db, `SELECT count(*) FROM transport_waiters`), 0)
 	plainPublish(t, db, "g", "e")
 	is.Equal(receive(t, s, 10*time.Second).Event, "e")
@@ -260,7 +264,7 @@ func TestListenerKilled(t *testing.T) {
 			for g := range groups {
 				plainPublish(t, db, fmt.Sprint("g", g), fmt.Sprint(i))
 				if rand.IntN(10) == 0 {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // kept: irregular pacing, so kills land between publishes
 				}
 			}
 		}

@@ -1,8 +1,8 @@
 // Command bench measures pgtransport against the design it replaced and
 // against River, on one PostgreSQL server in one run, and writes a table,
 // a CSV and an SVG chart. `make bench` runs it; `make bench-full` runs it
-// longer. It finds or starts a server the way the tests do (DATABASE_URL, a
-// local server, or a throwaway cluster).
+// longer. It finds or starts a server the way the tests do
+// (TEST_DATABASE_URL, DATABASE_URL, a local server, or a throwaway cluster).
 //
 // Every run checks what it measured: per-group order of every ack, and that
 // acked plus still-queued equals published (nothing lost, nothing twice). A

@@ -64,6 +64,7 @@ func publishNotify(b *testing.B, mode string, publishers, events int) {
 		acked    atomic.Int64
 		orderErr = make(chan error, 1)
 		drained  = make(chan struct{})
+		firstAck = make(chan struct{})
 		lastSeq  = map[string]int64{}
 	)
 	go func() { // the consumer: check per-group order, ack
@@ -76,8 +77,8 @@ func publishNotify(b *testing.B, mode string, publishers, events int) {
 				}
 			}
 			lastSeq[l.Group] = l.Seq
-			if err := <-cons.Ack(ctx, l); err == nil {
-				acked.Add(1)
+			if err := <-cons.Ack(ctx, l); err == nil && acked.Add(1) == 1 {
+				close(firstAck)
 			}
 		}
 	}()
@@ -88,8 +89,10 @@ func publishNotify(b *testing.B, mode string, publishers, events int) {
 	if _, err := db.Pool.Exec(ctx, `SELECT harel_publish('warm-' || i, 'e', 0) FROM generate_series(1, $1) AS i`, backlog); err != nil {
 		b.Fatal(err)
 	}
-	for acked.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	select {
+	case <-firstAck: // the consumer is working through the backlog
+	case <-time.After(time.Minute):
+		b.Fatal("the consumer never acked the backlog")
 	}
 	var next atomic.Int64 // publisher ids
 	var published atomic.Int64
@@ -129,7 +132,10 @@ func publishNotify(b *testing.B, mode string, publishers, events int) {
 }
 
 // countNotifications listens on db's queue channel on a connection of its
-// own and returns a function that stops and tells how many arrived.
+// own and returns a function that stops and tells how many arrived. To
+// stop, it sends a last notification of its own and counts up to it:
+// PostgreSQL delivers notifications in commit order, so every one sent
+// before has arrived by then.
 func countNotifications(b *testing.B, db *pgtest.DB) func() int {
 	ctx, cancel := context.WithCancel(context.Background())
 	conn := db.Conn(b)
@@ -140,21 +146,31 @@ func countNotifications(b *testing.B, db *pgtest.DB) func() int {
 	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
 		b.Fatal(err)
 	}
+	const last = "countNotifications: last"
 	var n int
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
-			if _, err := conn.WaitForNotification(ctx); err != nil {
+			note, err := conn.WaitForNotification(ctx)
+			if err != nil || note.Payload == last {
 				return
 			}
 			n++
 		}
 	}()
 	return func() int {
-		time.Sleep(100 * time.Millisecond) // the last ones in flight
-		cancel()
-		<-done
+		defer cancel()
+		if _, err := db.Pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, channel, last); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			cancel()
+			<-done
+			b.Fatal("the last notification never arrived")
+		}
 		return n
 	}
 }

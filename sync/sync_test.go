@@ -122,10 +122,10 @@ func TestConfigErrors(t *testing.T) {
 		cfg  pgtransport.Config
 		want error
 	}{
-		{"schema with NUL", pgtransport.Config{Schema: "a\x00"}, pgtransport.ErrInvalidSchema},
-		{"schema too long", pgtransport.Config{Schema: string(make([]byte, 64))}, pgtransport.ErrInvalidSchema},
-		{"reserved schema", pgtransport.Config{Schema: "pg_mine"}, pgtransport.ErrInvalidSchema},
-		{"negative event limit", pgtransport.Config{MaxEventBytes: -1}, pgtransport.ErrInvalidConfig},
+		{"SchemaWithNUL", pgtransport.Config{Schema: "a\x00"}, pgtransport.ErrInvalidSchema},
+		{"SchemaTooLong", pgtransport.Config{Schema: string(make([]byte, 64))}, pgtransport.ErrInvalidSchema},
+		{"ReservedSchema", pgtransport.Config{Schema: "pg_mine"}, pgtransport.ErrInvalidSchema},
+		{"NegativeEventLimit", pgtransport.Config{MaxEventBytes: -1}, pgtransport.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
@@ -133,21 +133,21 @@ func TestConfigErrors(t *testing.T) {
 			is.True(errors.Is(err, tc.want)) // typed config error
 		})
 	}
-	t.Run("nil pool", func(t *testing.T) {
+	t.Run("NilPool", func(t *testing.T) {
 		is := is.New(t)
 		_, err := pgsync.New(ctx(t), (*pgxpool.Pool)(nil), pgtransport.Config{})
 		is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // an error, not a panic
 		_, err = pgsync.New(ctx(t), nil, pgtransport.Config{SkipApply: true})
 		is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
 	})
-	t.Run("skip apply on an empty schema", func(t *testing.T) {
+	t.Run("SkipApplyOnEmptySchema", func(t *testing.T) {
 		is := is.New(t)
 		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, SkipApply: true})
 		is.NoErr(err)
 		_, err = tr.Publish(ctx(t), "g", "e", 0)
 		is.True(errors.Is(err, pgtransport.ErrSchemaMissing)) // nothing was applied, and the error says so
 	})
-	t.Run("event limit", func(t *testing.T) {
+	t.Run("EventLimit", func(t *testing.T) {
 		is := is.New(t)
 		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, MaxEventBytes: 4})
 		is.NoErr(err)
@@ -245,7 +245,7 @@ func TestFromDSNGivesUp(t *testing.T) {
 	dead := "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=disable&connect_timeout=1"
 	l.Close()
 
-	t.Run("when ctx ends", func(t *testing.T) {
+	t.Run("WhenCtxEnds", func(t *testing.T) {
 		is := is.New(t)
 		c, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 		defer cancel()
@@ -254,14 +254,14 @@ func TestFromDSNGivesUp(t *testing.T) {
 		var connErr *pgconn.ConnectError
 		is.True(errors.As(err, &connErr)) // and wraps the last connection error
 	})
-	t.Run("after MaxConnectWait", func(t *testing.T) {
+	t.Run("AfterMaxConnectWait", func(t *testing.T) {
 		is := is.New(t)
 		_, err := pgsync.FromDSN(ctx(t), dead, pgtransport.Config{MaxConnectWait: 300 * time.Millisecond})
 		is.True(errors.Is(err, context.DeadlineExceeded))
 		var connErr *pgconn.ConnectError
 		is.True(errors.As(err, &connErr))
 	})
-	t.Run("malformed dsn fails at once", func(t *testing.T) {
+	t.Run("MalformedDSNFailsAtOnce", func(t *testing.T) {
 		is := is.New(t)
 		_, err := pgsync.FromDSN(ctx(t), "postgres://%zz", pgtransport.Config{})
 		is.True(errors.Is(err, pgtransport.ErrInvalidConfig))

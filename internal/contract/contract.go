@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
@@ -105,10 +106,37 @@ func (e *env) count(query string, args ...any) int {
 	return n
 }
 
+// waitParked waits until a ClaimWait on the test's schema has found
+// nothing and parked: its connection has finished the wait statement that
+// follows the empty claim (the ticket that a publish wakes is taken before
+// that claim). It watches from a connection of its own, so that no query of
+// its own replaces the pool connection's last statement in pg_stat_activity.
+func (e *env) waitParked() {
+	e.t.Helper()
+	watch := e.db.Conn(e.t)
+	wait := pgx.Identifier{e.db.Schema}.Sanitize() + ".harel_wait("
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var parked bool
+		err := watch.QueryRow(e.ctx(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'idle' AND strpos(query, $1) > 0)`, wait).Scan(&parked)
+		if err != nil {
+			e.t.Fatalf("pg_stat_activity: %v", err)
+		}
+		if parked {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatal("ClaimWait never parked")
+		}
+	}
+}
+
 func (e *env) rows() (messages, groups int) {
 	return e.count(`SELECT count(*) FROM transport_messages`), e.count(`SELECT count(*) FROM transport_groups`)
 }
 
+// testCase is one behaviour. Its name is CamelCase, without spaces, colons
+// or slashes, so that -run selects it as written:
+// go test -run 'Contract/FIFOWithinAGroup' ./sync/ ./async/.
 type testCase struct {
 	name string
 	run  func(is *is.I, e *env)
@@ -117,6 +145,9 @@ type testCase struct {
 // Run runs every case against transports from open, each in its own schema.
 func Run(t *testing.T, open Open) {
 	for _, tc := range cases {
+		if strings.ContainsAny(tc.name, " :/") {
+			t.Errorf("case %q: a name -run cannot select as written", tc.name)
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			is := is.New(t)
@@ -134,7 +165,7 @@ func Run(t *testing.T, open Open) {
 func event(group string, i int) string { return fmt.Sprintf("%s-%d", group, i) }
 
 var cases = []testCase{
-	{"FIFO within a group", func(is *is.I, e *env) {
+	{"FIFOWithinAGroup", func(is *is.I, e *env) {
 		for i := range 5 {
 			e.publish("g", event("g", i), 0)
 		}
@@ -147,7 +178,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0), nil) // drained
 	}},
 
-	{"one lease per group", func(is *is.I, e *env) {
+	{"OneLeasePerGroup", func(is *is.I, e *env) {
 		e.publish("G", "g1", 0)
 		e.publish("G", "g2", 0)
 		e.publish("H", "h1", 0)
@@ -163,7 +194,7 @@ var cases = []testCase{
 		is.True(next.Token != g.Token) // under a new token
 	}},
 
-	{"publish keeps a live lease and the first priority", func(is *is.I, e *env) {
+	{"PublishKeepsLiveLeaseAndFirstPriority", func(is *is.I, e *env) {
 		e.publish("g", "a", 3)
 		l := e.claim("w", 0)
 		e.publish("g", "b", 0)
@@ -174,7 +205,7 @@ var cases = []testCase{
 		is.Equal(next.Event, "b") // still at priority 3
 	}},
 
-	{"nack zero frees the group with the head unchanged", func(is *is.I, e *env) {
+	{"NackZeroFreesGroupWithHeadUnchanged", func(is *is.I, e *env) {
 		e.publish("a", "a1", 0)
 		e.publish("a", "a2", 0)
 		e.publish("b", "b1", 0)
@@ -187,7 +218,7 @@ var cases = []testCase{
 		is.True(errors.Is(e.tr.Ack(e.ctx(), l), pgtransport.ErrLeaseLost)) // the nacked lease is gone
 	}},
 
-	{"nack with delay parks the group", func(is *is.I, e *env) {
+	{"NackWithDelayParksGroup", func(is *is.I, e *env) {
 		e.publish("a", "a1", 0)
 		l := e.claim("w", 0)
 		is.NoErr(e.tr.Nack(e.ctx(), l, 10*time.Second))
@@ -202,7 +233,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0), nil)
 	}},
 
-	{"lease expiry hands the group over and fences the old holder", func(is *is.I, e *env) {
+	{"LeaseExpiryHandsOverAndFencesOldHolder", func(is *is.I, e *env) {
 		e.publish("g", "m1", 0)
 		e.publish("g", "m2", 0)
 		old, err := e.tr.Claim(e.ctx(), "old", 10*time.Second, 0)
@@ -226,7 +257,7 @@ var cases = []testCase{
 		is.Equal(next.Event, "m2")
 	}},
 
-	{"extend keeps the lease past its visibility", func(is *is.I, e *env) {
+	{"ExtendKeepsLeasePastVisibility", func(is *is.I, e *env) {
 		e.publish("g", "m1", 0)
 		l, err := e.tr.Claim(e.ctx(), "w", 10*time.Second, 0)
 		is.NoErr(err)
@@ -237,7 +268,7 @@ var cases = []testCase{
 		is.NoErr(e.tr.Ack(e.ctx(), l))
 	}},
 
-	{"round robin serves a never-served group first", func(is *is.I, e *env) {
+	{"RoundRobinServesNeverServedGroupFirst", func(is *is.I, e *env) {
 		e.publish("a", "a1", 0)
 		e.publish("a", "a2", 0)
 		e.publish("b", "b1", 0)
@@ -250,7 +281,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0).Group, "b") // b and c were never served: they come before a
 	}},
 
-	{"round robin rotates through many groups", func(is *is.I, e *env) {
+	{"RoundRobinRotatesThroughManyGroups", func(is *is.I, e *env) {
 		const groups, per = 12, 3
 		for m := range per {
 			for g := range groups {
@@ -266,7 +297,7 @@ var cases = []testCase{
 		}
 	}},
 
-	{"priority floor", func(is *is.I, e *env) {
+	{"PriorityFloor", func(is *is.I, e *env) {
 		e.publish("low", "l1", 0)
 		e.publish("mid", "m1", 2)
 		e.publish("high", "h1", 4)
@@ -276,7 +307,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0).Group, "low") // floor 0 admits all
 	}},
 
-	{"priority resets after a group drains", func(is *is.I, e *env) {
+	{"PriorityResetsAfterGroupDrains", func(is *is.I, e *env) {
 		e.publish("g", "first", 4)
 		e.ack(e.claim("w", 4))
 		m, g := e.rows()
@@ -286,7 +317,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0).Event, "second")
 	}},
 
-	{"ack keeps the group row while messages remain", func(is *is.I, e *env) {
+	{"AckKeepsGroupRowWhileMessagesRemain", func(is *is.I, e *env) {
 		e.publish("g", "1", 0)
 		e.publish("g", "2", 0)
 		e.ack(e.claim("w", 0))
@@ -297,7 +328,7 @@ var cases = []testCase{
 		is.Equal(g, 0) // drained group row deleted
 	}},
 
-	{"claim cleans up a stale empty group row", func(is *is.I, e *env) {
+	{"ClaimCleansUpStaleEmptyGroupRow", func(is *is.I, e *env) {
 		_, err := e.db.Pool.Exec(e.ctx(), `INSERT INTO transport_groups (group_id) VALUES ('aaa-stale')`)
 		is.NoErr(err)
 		e.publish("zzz", "z1", 0)
@@ -306,7 +337,7 @@ var cases = []testCase{
 		is.Equal(e.count(`SELECT count(*) FROM transport_groups WHERE group_id = 'aaa-stale'`), 0) // and deleted
 	}},
 
-	{"bad input is refused and writes nothing", func(is *is.I, e *env) {
+	{"BadInputIsRefusedAndWritesNothing", func(is *is.I, e *env) {
 		e.publish("g", "m", 0)
 		lease := e.claim("w", 0)
 		cancelled, cancel := context.WithCancel(context.Background())
@@ -316,39 +347,40 @@ var cases = []testCase{
 			call func() error
 			want error
 		}{
-			{"empty group", pub(e, "", "x", 0), pgtransport.ErrInvalidGroup},
-			{"NUL in group", pub(e, "a\x00b", "x", 0), pgtransport.ErrInvalidGroup},
-			{"invalid UTF-8 group", pub(e, "a\xffb", "x", 0), pgtransport.ErrInvalidGroup},
-			{"group too long", pub(e, strings.Repeat("g", pgtransport.MaxGroupBytes+1), "x", 0), pgtransport.ErrInvalidGroup},
-			{"NUL in event", pub(e, "h", "x\x00", 0), pgtransport.ErrInvalidEvent},
-			{"invalid UTF-8 event", pub(e, "h", "\xc3\x28", 0), pgtransport.ErrInvalidEvent},
-			{"event too large", pub(e, "h", strings.Repeat("e", pgtransport.DefaultMaxEventBytes+1), 0), pgtransport.ErrEventTooLarge},
-			{"priority -1", pub(e, "h", "x", -1), pgtransport.ErrInvalidPriority},
-			{"priority 5", pub(e, "h", "x", 5), pgtransport.ErrInvalidPriority},
-			{"cancelled publish", func() error { _, err := e.tr.Publish(cancelled, "h", "x", 0); return err }, context.Canceled},
-			{"empty worker", claimErr(e, context.Background(), "", time.Second, 0), pgtransport.ErrInvalidWorkerID},
-			{"NUL worker", claimErr(e, context.Background(), "w\x00", time.Second, 0), pgtransport.ErrInvalidWorkerID},
-			{"zero visibility", claimErr(e, context.Background(), "w", 0, 0), pgtransport.ErrInvalidVisibility},
-			{"negative visibility", claimErr(e, context.Background(), "w", -time.Second, 0), pgtransport.ErrInvalidVisibility},
-			{"claim priority 9", claimErr(e, context.Background(), "w", time.Second, 9), pgtransport.ErrInvalidPriority},
-			{"cancelled claim", claimErr(e, cancelled, "w", time.Second, 0), context.Canceled},
-			{"nil lease ack", func() error { return e.tr.Ack(e.ctx(), nil) }, pgtransport.ErrNilLease},
-			{"nil lease nack", func() error { return e.tr.Nack(e.ctx(), nil, 0) }, pgtransport.ErrNilLease},
-			{"nil lease extend", func() error { return e.tr.Extend(e.ctx(), nil, time.Second) }, pgtransport.ErrNilLease},
-			{"negative delay", func() error { return e.tr.Nack(e.ctx(), lease, -time.Second) }, pgtransport.ErrInvalidDelay},
-			{"zero extend", func() error { return e.tr.Extend(e.ctx(), lease, 0) }, pgtransport.ErrInvalidVisibility},
-			{"cancelled ack", func() error { return e.tr.Ack(cancelled, lease) }, context.Canceled},
-			{"forged token", func() error {
+			{"EmptyGroup", pub(e, "", "x", 0), pgtransport.ErrInvalidGroup},
+			{"NULInGroup", pub(e, "a\x00b", "x", 0), pgtransport.ErrInvalidGroup},
+			{"InvalidUTF8Group", pub(e, "a\xffb", "x", 0), pgtransport.ErrInvalidGroup},
+			{"GroupTooLong", pub(e, strings.Repeat("g", pgtransport.MaxGroupBytes+1), "x", 0), pgtransport.ErrInvalidGroup},
+			{"NULInEvent", pub(e, "h", "x\x00", 0), pgtransport.ErrInvalidEvent},
+			{"InvalidUTF8Event", pub(e, "h", "\xc3\x28", 0), pgtransport.ErrInvalidEvent},
+			{"EventTooLarge", pub(e, "h", strings.Repeat("e", pgtransport.DefaultMaxEventBytes+1), 0), pgtransport.ErrEventTooLarge},
+			{"PriorityMinus1", pub(e, "h", "x", -1), pgtransport.ErrInvalidPriority},
+			{"Priority5", pub(e, "h", "x", 5), pgtransport.ErrInvalidPriority},
+			{"CancelledPublish", func() error { _, err := e.tr.Publish(cancelled, "h", "x", 0); return err }, context.Canceled},
+			{"EmptyWorker", claimErr(e, context.Background(), "", time.Second, 0), pgtransport.ErrInvalidWorkerID},
+			{"NULWorker", claimErr(e, context.Background(), "w\x00", time.Second, 0), pgtransport.ErrInvalidWorkerID},
+			{"ZeroVisibility", claimErr(e, context.Background(), "w", 0, 0), pgtransport.ErrInvalidVisibility},
+			{"NegativeVisibility", claimErr(e, context.Background(), "w", -time.Second, 0), pgtransport.ErrInvalidVisibility},
+			{"ClaimPriority9", claimErr(e, context.Background(), "w", time.Second, 9), pgtransport.ErrInvalidPriority},
+			{"CancelledClaim", claimErr(e, cancelled, "w", time.Second, 0), context.Canceled},
+			{"NilLeaseAck", func() error { return e.tr.Ack(e.ctx(), nil) }, pgtransport.ErrNilLease},
+			{"NilLeaseNack", func() error { return e.tr.Nack(e.ctx(), nil, 0) }, pgtransport.ErrNilLease},
+			{"NilLeaseExtend", func() error { return e.tr.Extend(e.ctx(), nil, time.Second) }, pgtransport.ErrNilLease},
+			{"NegativeDelay", func() error { return e.tr.Nack(e.ctx(), lease, -time.Second) }, pgtransport.ErrInvalidDelay},
+			{"ZeroExtend", func() error { return e.tr.Extend(e.ctx(), lease, 0) }, pgtransport.ErrInvalidVisibility},
+			{"CancelledAck", func() error { return e.tr.Ack(cancelled, lease) }, context.Canceled},
+			{"ForgedToken", func() error {
 				forged := *lease
 				forged.Token = "w:forged"
 				return e.tr.Ack(e.ctx(), &forged)
 			}, pgtransport.ErrLeaseLost},
 		}
 		for _, b := range bad {
-			err := b.call()
-			if !errors.Is(err, b.want) {
-				e.t.Errorf("%s: got %v, want %v", b.name, err, b.want)
-			}
+			e.t.Run(b.name, func(t *testing.T) {
+				if err := b.call(); !errors.Is(err, b.want) {
+					t.Errorf("got %v, want %v", err, b.want)
+				}
+			})
 		}
 		m, g := e.rows()
 		is.Equal(m, 1) // nothing written, nothing deleted
@@ -356,14 +388,16 @@ var cases = []testCase{
 		is.NoErr(e.tr.Ack(e.ctx(), lease)) // the real lease still holds
 	}},
 
-	{"lost-publish race: publish during a draining ack never strands a message", func(is *is.I, e *env) {
+	// Lost-publish race: publish during a draining ack never strands a message.
+	{"LostPublishRace", func(is *is.I, e *env) {
 		is.NoErr(raceRounds(e, 2000, e.tr.Ack))                                                                                                             // every round delivered the racing publish
 		is.Equal(e.count(`SELECT count(*) FROM transport_messages m WHERE NOT EXISTS (SELECT 1 FROM transport_groups g WHERE g.group_id = m.group_id)`), 0) // no message without a group row
 		m, g := e.rows()
 		is.Equal(m+g, 0)
 	}},
 
-	{"batch publish keeps order within groups and each group's first priority", func(is *is.I, e *env) {
+	// Batch publish keeps order within groups and each group's first priority.
+	{"BatchPublishKeepsOrderAndFirstPriority", func(is *is.I, e *env) {
 		seqs, err := e.tr.PublishMany(e.ctx(), []pgtransport.Message{
 			{Group: "a", Event: "a0", Priority: 2}, {Group: "b", Event: "b0"}, {Group: "a", Event: "a1", Priority: 4}, {Group: "a", Event: "a2"},
 		})
@@ -380,7 +414,8 @@ var cases = []testCase{
 		}
 	}},
 
-	{"claim many leases distinct groups, each to one holder", func(is *is.I, e *env) {
+	// Claim many leases distinct groups, each to one holder.
+	{"ClaimManyLeasesDistinctGroups", func(is *is.I, e *env) {
 		for g := range 5 {
 			e.publish(fmt.Sprint("g", g), "first", 0)
 			e.publish(fmt.Sprint("g", g), "second", 0)
@@ -411,7 +446,7 @@ var cases = []testCase{
 		}
 	}},
 
-	{"ack many settles each lease on its own fence", func(is *is.I, e *env) {
+	{"AckManySettlesEachLeaseOnItsOwnFence", func(is *is.I, e *env) {
 		e.publish("a", "a1", 0)
 		e.publish("b", "b1", 0)
 		ls, err := e.tr.ClaimMany(e.ctx(), "w1", 10*time.Second, 0, 2)
@@ -436,7 +471,8 @@ var cases = []testCase{
 		is.Equal(m+g, 0)
 	}},
 
-	{"ack many settles a lease named twice once: the repeat is reported lost", func(is *is.I, e *env) {
+	// Ack many settles a lease named twice once: the repeat is reported lost.
+	{"AckManySettlesRepeatedLeaseOnce", func(is *is.I, e *env) {
 		e.publish("a", "a1", 0)
 		e.publish("a", "a2", 0)
 		e.publish("b", "b1", 0)
@@ -461,7 +497,8 @@ var cases = []testCase{
 		e.ack(next)
 	}},
 
-	{"ack next keeps a hot group for MaxKeep messages, then serves the others", func(is *is.I, e *env) {
+	// Ack next keeps a hot group for MaxKeep messages, then serves the others.
+	{"AckNextKeepsHotGroupForMaxKeep", func(is *is.I, e *env) {
 		for i := range pgtransport.DefaultMaxKeep + 4 {
 			e.publish("hot", event("hot", i), 0)
 		}
@@ -488,7 +525,8 @@ var cases = []testCase{
 		is.Equal(e.claim("w2", 0).Event, event("hot", taken))
 	}},
 
-	{"an ack of a kept lease's earlier message is lost and leaves the group held", func(is *is.I, e *env) {
+	// An ack of a kept lease's earlier message is lost and leaves the group held.
+	{"AckOfKeptLeasesEarlierMessageIsLost", func(is *is.I, e *env) {
 		e.publish("g", "e1", 0)
 		e.publish("g", "e2", 0)
 		first := e.claim("w", 0)
@@ -508,7 +546,7 @@ var cases = []testCase{
 		is.Equal(m+g, 0)
 	}},
 
-	{"claim wait parks until work arrives or ctx ends", func(is *is.I, e *env) {
+	{"ClaimWaitParksUntilWorkOrCtxEnds", func(is *is.I, e *env) {
 		got := make(chan *pgtransport.Lease, 1)
 		go func() {
 			l, err := e.tr.ClaimWait(e.ctx(), "w", time.Minute, 0)
@@ -517,7 +555,7 @@ var cases = []testCase{
 			}
 			got <- l
 		}()
-		time.Sleep(50 * time.Millisecond) // it finds nothing and parks
+		e.waitParked()
 		e.publish("g", "e", 0)
 		select {
 		case l := <-got:
@@ -532,7 +570,7 @@ var cases = []testCase{
 		is.True(errors.Is(err, context.DeadlineExceeded)) // ctx's end, not a nil lease
 	}},
 
-	{"batch bad input writes nothing", func(is *is.I, e *env) {
+	{"BatchBadInputWritesNothing", func(is *is.I, e *env) {
 		_, err := e.tr.PublishMany(e.ctx(), nil)
 		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
 		_, err = e.tr.PublishMany(e.ctx(), []pgtransport.Message{{Group: "ok", Event: "1"}, {Group: "", Event: "2"}})
@@ -555,7 +593,8 @@ var cases = []testCase{
 		is.Equal(m+g, 0) // nothing written
 	}},
 
-	{"lost-publish race, batch ack: publish during a draining AckMany never strands a message", func(is *is.I, e *env) {
+	// Lost-publish race, batch ack: publish during a draining AckMany never strands a message.
+	{"LostPublishRaceBatchAck", func(is *is.I, e *env) {
 		is.NoErr(raceRounds(e, 1000, func(ctx context.Context, l *pgtransport.Lease) error {
 			errs, err := e.tr.AckMany(ctx, []*pgtransport.Lease{l})
 			if err != nil {
@@ -567,7 +606,8 @@ var cases = []testCase{
 		is.Equal(m+g, 0)
 	}},
 
-	{"stress: every message once acked, per-group order, one holder per group", func(is *is.I, e *env) {
+	// Stress: every message once acked, per-group order, one holder per group.
+	{"Stress", func(is *is.I, e *env) {
 		const workers, groups, per = 8, 40, 15
 		for m := range per {
 			for g := range groups {

@@ -50,28 +50,28 @@ func TestCatchesEachViolation(t *testing.T) {
 		left int
 		want string
 	}{
-		{"a message never acked and gone", func(ops []Op) []Op { return ops[:len(ops)-1] }, 0, "never acked"},
-		{"a message acked twice", func(ops []Op) []Op { return append(ops, op(Ack, "w3", "g", 2, "t3", 66, 67)) }, 0, "acked 2 times"},
-		{"an ack of a message never published", func(ops []Op) []Op {
+		{"NeverAckedAndGone", func(ops []Op) []Op { return ops[:len(ops)-1] }, 0, "never acked"},
+		{"AckedTwice", func(ops []Op) []Op { return append(ops, op(Ack, "w3", "g", 2, "t3", 66, 67)) }, 0, "acked 2 times"},
+		{"AckOfUnpublishedMessage", func(ops []Op) []Op {
 			return append(ops, op(Claim, "w3", "g", 9, "t9", 70, 71), op(Ack, "w3", "g", 9, "t9", 72, 73))
 		}, 0, "never published"},
-		{"first deliveries out of publish order", func(ops []Op) []Op {
+		{"FirstDeliveriesOutOfOrder", func(ops []Op) []Op {
 			ops[2].Seq, ops[4].Seq = 2, 2 // 2 before 1
 			ops[6].Seq, ops[7].Seq, ops[8].Seq = 2, 1, 1
 			return ops
 		}, 0, "published after it"},
-		{"a redelivery that is not the head", func(ops []Op) []Op {
+		{"RedeliveryNotTheHead", func(ops []Op) []Op {
 			return append(ops, op(Claim, "w4", "g", 1, "t4", 80, 81))
 		}, 0, "redelivered after"},
-		{"two overlapping leases that both settled", func(ops []Op) []Op {
+		{"OverlappingLeasesBothSettled", func(ops []Op) []Op {
 			ops[5].Outcome = OK // w1's ack after w2's claim succeeded: fencing broke
 			ops[5].Seq = 2
 			return ops
 		}, 0, "overlapped"},
-		{"a settle under a token never granted", func(ops []Op) []Op {
+		{"SettleUnderUngrantedToken", func(ops []Op) []Op {
 			return append(ops, op(Nack, "w5", "g", 2, "forged", 90, 91))
 		}, 0, "never granted"},
-		{"rows left behind", func(ops []Op) []Op { return ops }, 1, "left after the drain"},
+		{"RowsLeftBehind", func(ops []Op) []Op { return ops }, 1, "left after the drain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			errs, _ := Check(tc.edit(valid()), tc.left, 0)

@@ -44,7 +44,7 @@ func TestRestart(t *testing.T) {
 		for ctx.Err() == nil {
 			l, err := st.ClaimWait(ctx, "s", time.Second, 0)
 			if err != nil {
-				time.Sleep(20 * time.Millisecond) // the server is down: try again
+				time.Sleep(20 * time.Millisecond) // kept: a retry's pause while the server is down
 				continue
 			}
 			if err := st.Ack(context.Background(), l); err == nil {
@@ -59,7 +59,7 @@ func TestRestart(t *testing.T) {
 				if err == nil {
 					break
 				}
-				time.Sleep(50 * time.Millisecond) // down: publish again once it is back
+				time.Sleep(50 * time.Millisecond) // kept: a retry's pause while the server is down
 			}
 		}
 	}
@@ -67,7 +67,7 @@ func TestRestart(t *testing.T) {
 	if err := cluster.StopKeep(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // kept: the outage under test lasts a while, so clients see it
 	if err := cluster.Start(); err != nil {
 		t.Fatal(err)
 	}

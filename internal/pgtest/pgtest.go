@@ -1,11 +1,22 @@
 // Package pgtest gives each test its own PostgreSQL schema on a real server.
 //
-// The server is, in order: $DATABASE_URL; a local server on 127.0.0.1:5432
-// or the default Unix socket; a throwaway cluster started from the installed
-// PostgreSQL binaries (initdb and pg_ctl in a temporary directory, run as the
-// postgres user when the process is root) and stopped when the tests end.
-// PGTRANSPORT_TEST_THROWAWAY=1 skips the first two. No server at all fails
-// the test run loudly with install instructions; it never skips.
+// The server is, in order: $TEST_DATABASE_URL; $DATABASE_URL; a local
+// server on 127.0.0.1:5432 or the default Unix socket; a throwaway cluster
+// started from the installed PostgreSQL binaries (initdb and pg_ctl in a
+// temporary directory, run as the postgres user when the process is root)
+// and stopped when the tests end. TEST_DATABASE_URL comes first because a
+// developer's DATABASE_URL often names an application database; a variable
+// that is set but does not connect fails the run rather than falling
+// through. PGTRANSPORT_TEST_THROWAWAY=1 skips all but the throwaway cluster.
+// No server at all fails the test run loudly with install instructions; it
+// never skips.
+//
+// Each schema records in its comment the process that made it and when;
+// that process's connections carry the same name as their
+// application_name. A process killed before its t.Cleanup ran (the fuzzing
+// coordinator does this to its workers) leaves its schemas behind; the
+// next test process drops them once they are an hour old and no connection
+// of their maker is left, so a running test's schema is never touched.
 package pgtest
 
 import (
@@ -54,9 +65,9 @@ func Shutdown() {
 }
 
 const install = `no PostgreSQL server for the tests.
-Set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres), start a local
-server on 127.0.0.1:5432, or install PostgreSQL's server binaries so a throwaway
-cluster can be started (Debian/Ubuntu: apt-get install postgresql).`
+Set TEST_DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres), start a
+local server on 127.0.0.1:5432, or install PostgreSQL's server binaries so a
+throwaway cluster can be started (Debian/Ubuntu: apt-get install postgresql).`
 
 // DSN returns the connection string of the test server, finding or starting
 // it on first use. It fails the test when there is none.
@@ -89,28 +100,39 @@ func server() (string, *pgxpool.Pool, error) {
 	if failed == nil {
 		admin, failed = open(baseDSN, 8)
 	}
+	if failed == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// A sweep that fails costs nothing but a line: the next one retries.
+		if dropped, err := sweep(ctx, admin, time.Now()); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		} else if len(dropped) > 0 {
+			fmt.Fprintf(os.Stderr, "pgtest: dropped %d test schemas left by dead runs\n", len(dropped))
+		}
+	}
 	return baseDSN, admin, failed
 }
 
 func find() (string, error) {
 	var tried []error
 	if os.Getenv("PGTRANSPORT_TEST_THROWAWAY") == "" {
-		candidates := []string{
-			os.Getenv("DATABASE_URL"),
+		// A variable that is set names the server the developer meant: if it
+		// does not work, that is an error, not a hint to try the next one.
+		for _, name := range []string{"TEST_DATABASE_URL", "DATABASE_URL"} {
+			if dsn := os.Getenv(name); dsn != "" {
+				if err := ping(dsn); err != nil {
+					return "", fmt.Errorf("%s: %w", name, err)
+				}
+				return dsn, nil
+			}
+		}
+		for _, dsn := range []string{
 			"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
 			"host=/var/run/postgresql user=postgres dbname=postgres",
-		}
-		for i, dsn := range candidates {
-			if dsn == "" {
-				continue
-			}
+		} {
 			err := ping(dsn)
 			if err == nil {
 				return dsn, nil
-			}
-			if i == 0 {
-				// An explicit DATABASE_URL that does not work is an error, not a hint.
-				return "", fmt.Errorf("DATABASE_URL: %w", err)
 			}
 			tried = append(tried, err)
 		}
@@ -142,6 +164,10 @@ func open(dsn string, maxConns int32) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	// At least one connection names this process as long as it runs, so
+	// another process's sweep never takes its schemas for abandoned ones.
+	cfg.MinConns = 1
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
 	return pgxpool.NewWithConfig(context.Background(), cfg)
 }
 
@@ -180,7 +206,7 @@ func Open(maxConns int32) (*DB, error) {
 	_, _ = rand.Read(b[:])
 	name := "t_" + hex.EncodeToString(b[:])
 	ctx := context.Background()
-	if _, err := adm.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+	if err := createSchema(ctx, adm, name, owner, time.Now()); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -192,6 +218,7 @@ func Open(maxConns int32) (*DB, error) {
 	}
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.RuntimeParams["search_path"] = name
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
@@ -223,6 +250,7 @@ func (db *DB) Conn(tb testing.TB) *pgx.Conn {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	cfg.RuntimeParams["search_path"] = db.Schema
+	cfg.RuntimeParams["application_name"] = appName(owner)
 	conn, err := pgx.ConnectConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: connect: %v", err)

@@ -1,0 +1,166 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/matryer/is"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+// TestSweep: a sweep drops a stamped test schema only when it is old and
+// its owner has no connection left; a live owner's schema, a young one and
+// an unstamped one survive, however old.
+func TestSweep(t *testing.T) {
+	is := is.New(t)
+	ctx := Context(t)
+	DSN(t)
+	_, adm, err := server()
+	is.NoErr(err) // the test server
+	now := time.Now()
+	old := now.Add(-2 * staleAfter)
+
+	other := randomOwner() // another process, alive while its connection is open
+	conn := connectAs(t, appName(other))
+	schema := func(owner string, created time.Time) string {
+		name := randomName()
+		is.NoErr(createSchema(ctx, adm, name, owner, created)) // create a stamped schema
+		t.Cleanup(func() {
+			_, _ = adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		})
+		return name
+	}
+	var (
+		deadOld   = schema(randomOwner(), old)
+		deadYoung = schema(randomOwner(), now.Add(-staleAfter/2))
+		mineOld   = schema(owner, old)
+		otherOld  = schema(other, old)
+		unstamped = randomName()
+		exists    = func(name string) bool {
+			var ok bool
+			is.NoErr(adm.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok))
+			return ok
+		}
+	)
+	_, err = adm.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{unstamped}.Sanitize())
+	is.NoErr(err) // an unstamped t_ schema, as an older pgtest made them
+	t.Cleanup(func() {
+		_, _ = adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{unstamped}.Sanitize())
+	})
+
+	_, err = sweep(ctx, adm, now)
+	is.NoErr(err)
+	is.True(!exists(deadOld))  // old, owner gone: dropped
+	is.True(exists(deadYoung)) // owner gone, but too young to tell from a pool between connections
+	is.True(exists(mineOld))   // this process is alive
+	is.True(exists(otherOld))  // another live process: its connection names it
+	is.True(exists(unstamped)) // not pgtest's stamp: never touched
+
+	// The other process ends: once its backend is gone, its schema goes too.
+	is.NoErr(conn.Close(ctx))
+	waitFor(t, 10*time.Second, func() bool {
+		var n int
+		is.NoErr(adm.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName(other)).Scan(&n))
+		return n == 0
+	})
+	dropped, err := sweep(ctx, adm, now)
+	is.NoErr(err)
+	is.True(!exists(otherOld)) // owner gone: dropped
+	is.True(exists(deadYoung))
+	is.True(exists(mineOld))
+	for _, d := range dropped {
+		is.True(d != mineOld && d != deadYoung) // never reported what it kept
+	}
+}
+
+// TestOpenStamps: a test's schema carries this process's stamp, and its
+// pool this process's application_name, so sweeps elsewhere leave it alone.
+func TestOpenStamps(t *testing.T) {
+	is := is.New(t)
+	db := New(t, 2)
+	ctx := Context(t)
+	var note, app string
+	is.NoErr(db.Pool.QueryRow(ctx, `SELECT obj_description(to_regnamespace($1), 'pg_namespace'), current_setting('application_name')`, db.Schema).Scan(&note, &app))
+	m := stampRE.FindStringSubmatch(note)
+	is.True(m != nil)                          // stamped
+	is.Equal(m[1], owner)                      // by this process
+	is.Equal(app, appName(owner))              // whose connections say so
+	is.True(schemaName.MatchString(db.Schema)) // a name the sweep recognises
+}
+
+func randomOwner() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func randomName() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "t_" + hex.EncodeToString(b[:])
+}
+
+// connectAs opens a connection with the given application_name, closed in
+// t.Cleanup if the test has not closed it.
+func connectAs(t *testing.T, app string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(Context(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// waitFor polls cond until it holds or within passes. For conditions with
+// no signal to wait on: a backend's exit shows only in pg_stat_activity.
+func waitFor(t *testing.T, within time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", within)
+		}
+	}
+}
+
+// TestFindOrder: TEST_DATABASE_URL comes before DATABASE_URL, and a
+// variable that is set but does not connect fails rather than falling
+// through to the next candidate.
+func TestFindOrder(t *testing.T) {
+	is := is.New(t)
+	good := DSN(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	is.NoErr(err) // a free port
+	bad := "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=disable&connect_timeout=1"
+	is.NoErr(l.Close()) // nothing listens there now
+	t.Setenv("PGTRANSPORT_TEST_THROWAWAY", "")
+
+	t.Setenv("TEST_DATABASE_URL", good)
+	t.Setenv("DATABASE_URL", bad)
+	dsn, err := find()
+	is.NoErr(err)
+	is.Equal(dsn, good) // TEST_DATABASE_URL wins; DATABASE_URL is not even tried
+
+	t.Setenv("TEST_DATABASE_URL", bad)
+	t.Setenv("DATABASE_URL", good)
+	_, err = find()
+	is.True(err != nil)                                           // a set variable that does not connect is an error
+	is.True(strings.HasPrefix(err.Error(), "TEST_DATABASE_URL:")) // naming the variable
+
+	t.Setenv("TEST_DATABASE_URL", "")
+	dsn, err = find()
+	is.NoErr(err)
+	is.Equal(dsn, good) // then DATABASE_URL
+}
