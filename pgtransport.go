@@ -1,10 +1,3 @@
-// Package pgtransport holds the types shared by the blocking transport
-// (package sync) and the channel-based one (package async): the Lease a claim
-// hands out, the Config both take, and the errors both return.
-//
-// pgtransport is a message queue on PostgreSQL alone with strict FIFO per
-// group and at most one holder per group at a time. See the README for the
-// guarantees and for the SQL protocol other languages speak.
 package pgtransport
 
 import (
@@ -128,7 +121,7 @@ type Config struct {
 	// consumers: they neither listen nor ask publishers to notify them, and
 	// look for work every IdleSweep when idle. Publishers never notify on
 	// their own account; only idle, listening consumers make them (see
-	// schema/sql/003_wakeups.sql), so a system whose consumers all set this
+	// harel_wake in schema/sql/functions.sql), so a system whose consumers all set this
 	// sends no notification at all.
 	DisableNotify bool
 

@@ -1,0 +1,124 @@
+// Package pgtransport is a message queue on PostgreSQL alone: strict FIFO
+// per group, one consumer per group at a time, and many workers leasing
+// different groups in parallel. A group is an exclusivity key, such as the
+// id of a workflow execution whose events must be handled one at a time, in
+// order.
+//
+// This package holds what both transports share: the [Lease] a claim hands
+// out, the [Config] both take, and the errors both return. The transports
+// are in two packages with the same methods:
+//
+//   - package sync, imported as pgsync "github.com/pgtransport/pgtransport/sync":
+//     every method blocks until it is done; ClaimWait blocks until there is
+//     work. It starts no goroutines.
+//   - package async: every method returns at once with a channel that
+//     delivers its one result, and a Stream delivers leases on a channel to
+//     a select loop as work appears.
+//
+// Other languages speak the same protocol with plain SQL: see docs/protocol.md.
+//
+// # Guarantees
+//
+// FIFO per group. A group's messages are handed out one at a time, in
+// publish order: a message whose publish committed before another's began
+// is handed out first. A PublishMany batch is in slice order. Publishes
+// that overlap in time have no order between them: a claim takes the
+// lowest seq it can see, and an uncommitted message is not there yet. A
+// message handed out again is always its group's current head.
+//
+// One holder per group. While a lease holds its group, no claim returns
+// any message of that group. Claims of different groups run in parallel
+// and never wait for each other's locks (FOR NO KEY UPDATE SKIP LOCKED).
+//
+// At least once; nothing lost. A published message is handed out until it
+// is acked; handlers should be idempotent. A publish, ack, nack or extend
+// that returned nil is durable (PublishTx: once the caller's transaction
+// commits). A publish that races with the ack draining its group never
+// leaves its message without its group. A message comes back, as its
+// group's head, when:
+//   - its lease runs out (Lease.Expiry, the visibility) with no ack, nack or
+//     Extend: the next claim of the group gets it;
+//   - it is nacked: Nack(lease, 0) frees the group at once, first in line;
+//     Nack(lease, d) parks the group for d;
+//   - a claim leased it and the caller never saw the lease (ctx cancelled
+//     while the claim ran, a lost connection): after the visibility;
+//   - the server crashed before the claim's commit reached disk (claims
+//     commit without waiting for their WAL flush): at once, and the old
+//     holder's ack is ErrLeaseLost;
+//   - an async Stream claimed it and nobody received it from the stream's
+//     channel within half the visibility, or the stream stopped first: at
+//     once (nack with no delay).
+//
+// Fencing. A lease is its token (workerID:uuid) on its group. Ack, AckNext,
+// AckMany, Nack and Extend act only while that token still holds the
+// group; otherwise they return ErrLeaseLost (AckMany per lease) and change
+// nothing. A lease past its expiry still holds until another claim takes
+// the group. An ack of a message already acked (a second ack, or an ack of
+// a kept lease's earlier message) is ErrLeaseLost too.
+//
+// Round-robin. A claim takes the claimable group served longest ago;
+// groups never served, and groups nacked with no delay, come first. An ack
+// that frees a group puts it behind the groups that have waited longer. AckNext (and a Stream's
+// ack) may keep a group that has more messages under the same lease, with
+// no claim in between, for at most Config.MaxKeep messages in a row; then
+// the group goes back to the round-robin, so other groups are not starved.
+//
+// Priorities. A group's priority (0 to 4) is set by the publish that
+// creates the group and resets once the group drains; later publishes do
+// not change it. A claim's minPriority is a floor, not an order: it takes
+// only groups at or above it, in round-robin order among them. Run workers
+// with a higher floor to keep capacity for urgent groups.
+//
+// Clocks. Leases and parks run on the database server's clock, so workers'
+// clocks need not agree. Config.Clock injects one for deterministic tests.
+//
+// # What blocks
+//
+// No claim waits for work except sync ClaimWait, async ClaimWait and a
+// Stream: Claim and ClaimMany return nothing (nil, or an empty slice) when
+// nothing is claimable. Idle ClaimWait callers and idle streams do not poll:
+// an ack, nack or publish through the same Transport wakes one of them;
+// otherwise they look again when the earliest lease or park they saw runs
+// out, and at least every Config.IdleSweep (work freed by another process
+// is found then). Idle streams also wake on a notification of a new group
+// (LISTEN/NOTIFY, one connection per pool) unless Config.DisableNotify.
+//
+// FromDSN waits, with backoff, for a server that does not accept
+// connections yet, up to Config.MaxConnectWait. A Stream never drops a
+// lease: it holds at most StreamConfig.MaxInFlight (received and not yet
+// settled, plus those waiting in its channel) and claims only into free
+// slots, so a slow receiver slows the claims.
+//
+// A ctx that ends makes a call return an error that errors.Is ctx's error
+// (context.Canceled, context.DeadlineExceeded); only an async Ack already
+// queued in its stream's next round-trip completes with that round-trip.
+//
+// # Channels (package async)
+//
+// Each call's channel is buffered and delivers exactly one result; it is
+// never closed, and nobody needs to receive from it. A Stream's channel C
+// is closed by the stream, and only when it stops (its ctx ended, Close of
+// the stream or of the Transport, or ErrSchemaMissing); then Err says why.
+// The caller closes nothing but the Transport and its streams. Every
+// goroutine the package starts belongs to a Transport, and Transport.Close
+// stops and waits for them; it is safe to call twice.
+//
+// # Errors
+//
+// Bad input gets a typed error and nothing is written: ErrInvalidGroup,
+// ErrInvalidEvent, ErrEventTooLarge, ErrInvalidPriority,
+// ErrInvalidVisibility, ErrInvalidDelay, ErrNilLease, ErrInvalidWorkerID,
+// ErrInvalidSchema, ErrInvalidBatch, ErrInvalidConfig. A missing schema is
+// ErrSchemaMissing, a closed transport ErrClosed. Check them with errors.Is.
+//
+// # Schema
+//
+// New and FromDSN bring the schema up to date before they return, unless
+// Config.SkipApply: idempotent, in one transaction under an advisory lock,
+// so any number of workers may start at once, with the version recorded in
+// transport_schema_version. Config.Schema places every table and function
+// in a named schema, created if absent; queues in two schemas never see or
+// wake each other. Teams with their own migration tool load the script
+// from schema.SQL (or `make schema`) and set SkipApply; worker roles need
+// only what schema.Grants returns. PostgreSQL 14 or newer.
+package pgtransport
