@@ -88,9 +88,15 @@ func load() []Migration {
 	return ms
 }
 
-// Migrations returns the numbered schema files in version order. They hold
-// no function: Apply and SQL add sql/functions.sql after them.
+// Migrations returns the numbered schema files in version order. Since
+// version 8 they hold no function: a migration tool that runs them one by
+// one must run Functions after the last step it ran, in the same
+// transaction, as Apply does (or load SQL, which has both).
 func Migrations() []Migration { return slices.Clone(migrations) }
+
+// Functions returns sql/functions.sql: the definition of every function and
+// trigger, idempotent, to run after the numbered steps whenever any ran.
+func Functions() string { return functions }
 
 // Version is the schema version this library applies.
 func Version() int { return migrations[len(migrations)-1].Version }

@@ -98,7 +98,7 @@ func TestConcurrentApply(t *testing.T) {
 func TestUpgradeFromV1(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	db := pgtest.New(t, 2)
+	db := noClockBound(t, pgtest.New(t, 2))
 	load(t, db, shipped(t, 1))
 	fixture, err := os.ReadFile("../testdata/v1_state.sql")
 	is.NoErr(err)
@@ -204,7 +204,7 @@ func TestHostileSchemaNameIsQuoted(t *testing.T) {
 func TestSearchPathPinned(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	db := pgtest.New(t, 2)
+	db := noClockBound(t, pgtest.New(t, 2))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	evil := db.Schema + "_evil"
 	t.Cleanup(func() {
@@ -272,7 +272,7 @@ func explained(t *testing.T, db *pgtest.DB) (*pgx.Conn, *[]string) {
 func TestClaimWalksIndex(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	db := pgtest.New(t, 2)
+	db := noClockBound(t, pgtest.New(t, 2))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	_, err := db.Pool.Exec(ctx(t), `
 		INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
@@ -309,7 +309,7 @@ func TestParallelClaimsDoNotWait(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	const n = 8
-	db := pgtest.New(t, 2)
+	db := noClockBound(t, pgtest.New(t, 2))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	_, err := db.Pool.Exec(ctx(t), `SELECT harel_publish('g' || i, 'e', 0) FROM generate_series(1, 20) AS i`)
 	is.NoErr(err)
@@ -348,7 +348,7 @@ func TestParallelClaimsDoNotWait(t *testing.T) {
 func TestPlainSQLPublishRacesDrain(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	db := pgtest.New(t, 4)
+	db := noClockBound(t, pgtest.New(t, 4))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	const rounds = 2000
 	for r := range rounds {
@@ -389,7 +389,7 @@ func TestPlainSQLPublishRacesDrain(t *testing.T) {
 func TestNoSeqScanUnanalyzed(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	db := pgtest.New(t, 2)
+	db := noClockBound(t, pgtest.New(t, 2))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	c, plans := explained(t, db)
 	run := func(q string, args ...any) [][]any {

@@ -218,3 +218,18 @@ func firstDiff(a, b string) string {
 	}
 	return "(none)"
 }
+
+// TestStepsAndFunctionsMakeTheScript: what Migrations and Functions hand a
+// team's own migration tool is what SQL and Apply run, nothing left out.
+func TestStepsAndFunctionsMakeTheScript(t *testing.T) {
+	is := is.New(t)
+	script := schema.SQL()
+	for _, m := range schema.Migrations() {
+		is.True(strings.Contains(script, m.SQL)) // each step is in the script
+	}
+	is.True(strings.Contains(script, schema.Functions()))                // and the functions
+	is.True(strings.Contains(schema.Functions(), "FUNCTION harel_ack(")) // which hold the protocol's
+	for _, m := range schema.Migrations() {
+		is.True(!strings.Contains(m.SQL, "CREATE OR REPLACE FUNCTION")) // and only they
+	}
+}

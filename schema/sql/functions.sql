@@ -60,7 +60,7 @@
 -- harel_ack for its one changed result), publish, nack and extend with 2,
 -- the wake-ups with 3, the batch functions with 4, the one-write ack with
 -- 6, the pinned plan settings with 7, this file and the guard helpers
--- with 8.
+-- with 8, the entry checks (see there) with 9.
 
 
 -- The lost-publish guard. A publish that lands in a group while an ack
@@ -140,6 +140,57 @@ DROP TRIGGER IF EXISTS transport_messages_hold_group ON transport_messages;
 CREATE TRIGGER transport_messages_hold_group
     BEFORE INSERT ON transport_messages
     FOR EACH ROW EXECUTE FUNCTION harel_hold_group();
+
+
+-- Entry checks (version 9). Each function refuses, with an error of
+-- SQLSTATE class PT, arguments that would break a guarantee, before it
+-- changes a row; the calls the design describes, with sane arguments,
+-- behave as before. Each check is an expression on the arguments and the
+-- server's clock, with no table access of its own.
+--   PT001 is not used: an ack of a message that is not its group's head
+--     is still accepted. The server does not record which message a claim
+--     handed out, and two publishes to one group that overlap make a
+--     claim hand out a higher seq while a lower one is uncommitted: that
+--     ack is legitimate, and refusing every ack behind the head would
+--     refuse it too. Recording the handed-out seq belongs with the claim's
+--     own write of the group row (delivery attempts, issue 13).
+--   PT002 invalid token: a claim with a NULL or empty p_token (a lease no
+--     ack could fence, or none at all).
+--   PT003 invalid lease end: p_lease NULL or not after p_now (a claim, an
+--     ack that keeps its group); an extend to a NULL end, or to one before
+--     the server's now by more than the clock bound; a park (a nack with a
+--     delay) with a NULL p_now. Each would leave the group held for good,
+--     or lapsed at once.
+--   PT004 invalid delay: a nack with a NULL or negative p_delay (a
+--     negative one freed the group at once, first in line).
+--   PT005 clock skew: p_now farther from the server's clock than the
+--     bound. A caller an hour fast took every held lease; an hour slow,
+--     kept leases that had lapsed.
+-- The bound is the setting pgtransport.max_clock_skew, in seconds, read at
+-- each call (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for
+-- many): unset or empty, 10; 'off', none. Ten seconds is far beyond what
+-- NTP keeps hosts to (milliseconds) and leaves room for what may pass
+-- between a client reading its clock and the call running (a pooler's
+-- queue, a pause), while a fast clock can take a lease no more than 10 s
+-- before its end. The Go client passes the server's own clock (no skew at
+-- all); with Config.Clock (tests) it turns the bound off for its own
+-- statements' transactions. A NULL p_now is never checked: it means what
+-- it meant before. The bound catches wrong clocks, not hostile callers,
+-- who can turn it off as they can write the tables.
+
+-- harel_clock_skewed is true when p_now is farther from the server's clock
+-- than the bound. Inlined (see the settings invariant above): it runs
+-- inside its caller's expression at no call's cost. date_part, not
+-- extract: it is float8 arithmetic, where extract computes in numeric.
+CREATE OR REPLACE FUNCTION harel_clock_skewed(p_now DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE sql
+AS $$ SELECT abs(p_now - date_part('epoch', clock_timestamp())) >
+             CASE COALESCE(current_setting('pgtransport.max_clock_skew', true), '')
+                 WHEN '' THEN 10::float8
+                 WHEN 'off' THEN 'Infinity'::float8
+                 ELSE current_setting('pgtransport.max_clock_skew', true)::float8
+             END $$;
 
 
 -- Publish.
@@ -231,6 +282,17 @@ DECLARE
     v_group TEXT;
     v_held  TEXT[] := '{}';  -- empty groups a publisher still holds: skip this call
 BEGIN
+    -- The entry checks (see "Entry checks" above).
+    IF p_token IS NULL OR p_token = '' THEN
+        RAISE EXCEPTION 'harel_claim: p_token is NULL or empty' USING ERRCODE = 'PT002';
+    END IF;
+    IF p_lease IS NULL OR p_lease <= p_now THEN
+        RAISE EXCEPTION 'harel_claim: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_claim: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
     LOOP
         -- FOR NO KEY UPDATE: the key never changes, and no stronger lock is
         -- needed (the lost-publish guard above does not use row locks).
@@ -313,6 +375,17 @@ DECLARE
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
+    END IF;
+    -- The entry checks (see "Entry checks" above).
+    IF p_token IS NULL OR p_token = '' THEN
+        RAISE EXCEPTION 'harel_claim_many: p_token is NULL or empty' USING ERRCODE = 'PT002';
+    END IF;
+    IF p_lease IS NULL OR p_lease <= p_now THEN
+        RAISE EXCEPTION 'harel_claim_many: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_claim_many: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
     END IF;
     -- Pick, then lease by primary key: every statement here reaches rows
     -- through an index (= ANY of an array), whatever the plan guesses
@@ -412,13 +485,20 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$
+DECLARE
+    v_next BIGINT; -- the group's first message but p_seq: its head after this ack
 BEGIN
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_ack: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
     -- Drained after this ack, as far as committed data shows, and no
     -- publisher mid-transaction on the group (it holds the group's lock,
     -- shared; see harel_hold_group)? Then the fence deletes the row: the
     -- DELETE runs after the try-lock, so it sees every message committed
-    -- before it.
-    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
+    -- before it. (An assignment, not SELECT INTO: it leaves FOUND false.)
+    v_next := (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq ORDER BY m.seq LIMIT 1);
+    IF v_next IS NULL
        AND harel_try_guard(p_group) THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = p_group AND g.locked_by = p_token
@@ -481,6 +561,18 @@ DECLARE
     v_seqs    BIGINT[];
     v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
 BEGIN
+    -- The entry checks (see "Entry checks" above): a token and a lease end
+    -- only where they are used, by a claim or a kept lease.
+    IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
+        RAISE EXCEPTION 'harel_exchange: p_token is NULL or empty' USING ERRCODE = 'PT002';
+    END IF;
+    IF (p_limit > 0 OR true = ANY (p_keep)) AND (p_lease IS NULL OR p_lease <= p_now) THEN
+        RAISE EXCEPTION 'harel_exchange: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_exchange: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
     IF cardinality(p_groups) > 0 THEN
         IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
            OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups)
@@ -575,7 +667,9 @@ $$;
 -- (same token, lock_expiry = p_lease) and that next head is returned in
 -- next_seq/next_event; otherwise the group is freed with lock_expiry =
 -- p_now, or its row deleted when drained (with harel_ack's guard). One row
--- per input, in input order. It is harel_exchange without the claim.
+-- per input, in input order. held false with a next_seq: refused, the
+-- message is behind its group's head, next_seq (see harel_exchange). It is
+-- harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[],
     p_seqs   BIGINT[],
@@ -604,9 +698,10 @@ $$;
 -- Nack and extend.
 
 -- harel_nack gives a lease back: p_delay > 0 parks the group until
--- p_now + p_delay, keeping the token; otherwise the group is free at once,
+-- p_now + p_delay, keeping the token; p_delay = 0 frees the group at once,
 -- first in line, its head unchanged. False, changing nothing, if p_token no
--- longer holds p_group.
+-- longer holds p_group. A NULL or negative p_delay is refused (PT004), a
+-- park with a NULL p_now too (PT003: it would never end).
 CREATE OR REPLACE FUNCTION harel_nack(
     p_group TEXT,
     p_token TEXT,
@@ -620,6 +715,16 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
+    IF p_delay IS NULL OR p_delay < 0 THEN
+        RAISE EXCEPTION 'harel_nack: p_delay (%) is NULL or negative', p_delay USING ERRCODE = 'PT004';
+    END IF;
+    IF p_delay > 0 AND p_now IS NULL THEN
+        RAISE EXCEPTION 'harel_nack: a park (p_delay %) needs p_now', p_delay USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_nack: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
     IF p_delay > 0 THEN
         UPDATE transport_groups AS g
            SET lock_expiry = p_now + p_delay
@@ -634,7 +739,10 @@ END
 $$;
 
 -- harel_extend moves the lease's end to p_lease. False, changing nothing, if
--- p_token no longer holds p_group.
+-- p_token no longer holds p_group. A NULL p_lease, or one before the
+-- server's clock by more than the clock bound, is refused (PT003): the
+-- caller's now is unknown here, but it is within the bound of the
+-- server's, so such an end is in the past for any caller.
 CREATE OR REPLACE FUNCTION harel_extend(
     p_group TEXT,
     p_token TEXT,
@@ -647,6 +755,10 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
+    IF p_lease IS NULL
+       OR (p_lease < date_part('epoch', clock_timestamp()) AND harel_clock_skewed(p_lease)) THEN
+        RAISE EXCEPTION 'harel_extend: the lease end p_lease (%) is NULL or in the past', p_lease USING ERRCODE = 'PT003';
+    END IF;
     UPDATE transport_groups AS g
        SET lock_expiry = p_lease
      WHERE g.group_id = p_group AND g.locked_by = p_token;
@@ -770,3 +882,19 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ DELETE FROM transport_waiters WHERE waiter = p_waiter $$;
+
+-- The inlined helpers run with the caller's privileges (every function here
+-- is SECURITY INVOKER), so a worker role needs EXECUTE on them as on the
+-- protocol's functions. PostgreSQL grants that to PUBLIC when a function is
+-- created, unless default privileges revoke it; then schema.Grants, run
+-- before an upgrade added a helper, would not cover it, and the worker's
+-- next publish would fail. They compute a hash and a lock key and take the
+-- guard's advisory locks, which any role may take anyway (pg_advisory_lock
+-- is PUBLIC's), so PUBLIC may always execute them.
+GRANT EXECUTE ON FUNCTION
+    harel_group_lock_key(TEXT),
+    harel_guard_class(),
+    harel_try_guard(TEXT),
+    harel_share_guard(TEXT),
+    harel_clock_skewed(DOUBLE PRECISION)
+    TO PUBLIC;
