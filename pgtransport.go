@@ -26,6 +26,13 @@ const (
 	// MaxBatch bounds the messages of one batch call (PublishMany,
 	// ClaimMany, AckMany) and a stream's MaxInFlight.
 	MaxBatch = 10_000
+	// MinVisibility is the shortest lease a claim, AckNext, Extend or
+	// stream accepts. A lease must outlive the round-trips that use it
+	// (the claim's reply, then the ack) with room for a busy pool, a GC
+	// pause or a distant server; a shorter one would lapse before its
+	// holder could act on it, so it is a mistake (often a bare number
+	// where a time.Duration of seconds was meant: 30 is 30 ns).
+	MinVisibility = time.Second
 )
 
 // Errors, checked with errors.Is. Input errors are returned before anything
@@ -40,13 +47,20 @@ var (
 	// ErrInvalidGroup: a group id that is empty, longer than MaxGroupBytes,
 	// not valid UTF-8, or holds a NUL byte.
 	ErrInvalidGroup = errors.New("pgtransport: invalid group id")
+	// ErrClockSkew: the "now" a call passed is farther from the database
+	// server's clock than the server's bound (the setting
+	// pgtransport.max_clock_skew, 10 s unless set; see docs/protocol.md).
+	// The Go client passes the server's own clock, and turns the bound off
+	// for its statements when Config.Clock is set.
+	ErrClockSkew = errors.New("pgtransport: clock too far from the server's")
 	// ErrInvalidEvent: an event that is not valid UTF-8 or holds a NUL byte.
 	ErrInvalidEvent = errors.New("pgtransport: invalid event")
 	// ErrEventTooLarge: an event longer than the configured MaxEventBytes.
 	ErrEventTooLarge = errors.New("pgtransport: event too large")
 	// ErrInvalidPriority: a priority outside MinPriority..MaxPriority.
 	ErrInvalidPriority = errors.New("pgtransport: invalid priority")
-	// ErrInvalidVisibility: a visibility timeout that is not positive.
+	// ErrInvalidVisibility: a visibility (lease length) shorter than
+	// MinVisibility.
 	ErrInvalidVisibility = errors.New("pgtransport: invalid visibility")
 	// ErrInvalidDelay: a negative nack delay.
 	ErrInvalidDelay = errors.New("pgtransport: invalid delay")
@@ -64,19 +78,35 @@ var (
 	// ErrInvalidBatch: a batch that is empty where it must not be, larger
 	// than MaxBatch, or a batch size out of range.
 	ErrInvalidBatch = errors.New("pgtransport: invalid batch")
-	// ErrClosed: the transport was closed.
+	// ErrClosed: the transport was closed (every method of either
+	// front-end returns it after Close), or the pool under it was.
 	ErrClosed = errors.New("pgtransport: transport closed")
+	// ErrOutcomeUnknown: the call may have reached the database, but no
+	// reply came back (the connection broke, or ctx ended, while it ran),
+	// so it may or may not have applied; the error wraps the cause too (a
+	// connection error, or ctx's error). Each method's doc says what the caller may
+	// assume. In short: the call's transaction either committed whole or
+	// not at all, and a lease it concerns is never held for good (it
+	// lapses after its visibility at the latest).
+	ErrOutcomeUnknown = errors.New("pgtransport: outcome unknown")
 )
 
 // Lease is one claimed message: the head of Group, held by Token until it is
 // acked, nacked, or Expiry passes. While the lease holds, no other worker is
 // handed any message of Group.
 type Lease struct {
-	Group  string
-	Seq    int64 // the message's position; FIFO within Group follows it
-	Event  string
-	Token  string    // workerID:uuid, unique to this claim
-	Expiry time.Time // when the lease lapses, by the clock that granted it
+	Group string
+	Seq   int64 // the message's position; FIFO within Group follows it
+	Event string
+	Token string // workerID:uuid, unique to this claim
+	// Expiry is when the lease lapses, by this process's clock, whatever
+	// the database server's clock says: time.Until(Expiry) is the time
+	// left. It is the time the claim (or the AckNext that kept the group)
+	// was sent plus its visibility; the server starts the lease when the
+	// statement reaches it, later, so the lease holds at least until
+	// Expiry and a deadline taken from it never outlives it. Extend does
+	// not move it (the new end is the Extend's start plus its visibility).
+	Expiry time.Time
 	// Kept counts the messages of Group this lease took in a row before
 	// this one (an ack that keeps a hot group hands on the lease with Kept
 	// one higher). 0 for a fresh claim.
@@ -106,7 +136,11 @@ type Config struct {
 
 	// Clock, if set, supplies "now" for leases, parks and acks. Nil means
 	// the database server's clock, so workers' clocks need not agree; a
-	// Clock is for deterministic tests.
+	// Clock is for deterministic tests. The server refuses a "now" far
+	// from its own clock (ErrClockSkew; the setting
+	// pgtransport.max_clock_skew), so with a Clock the transport's
+	// statements turn that bound off for their own transactions (for a
+	// transport opened on a pgx.Tx, until that transaction ends).
 	Clock func() time.Time
 
 	// MaxEventBytes bounds an event's size in bytes. 0 means

@@ -403,9 +403,9 @@ func TestUnreceivedLeaseIsGivenBack(t *testing.T) {
 	is := is.New(t)
 	tr, _, db := setup(t, pgtransport.Config{})
 	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
-	s := stream(t, tr, async.StreamConfig{Visibility: 400 * time.Millisecond})
+	s := stream(t, tr, async.StreamConfig{Visibility: pgtransport.MinVisibility})
 	seen := map[string]bool{}
-	deadline := time.Now().Add(1500 * time.Millisecond)
+	deadline := time.Now().Add(5 * pgtransport.MinVisibility / 2)
 	for time.Now().Before(deadline) {
 		var token string
 		var lapsed bool

@@ -20,6 +20,12 @@ type ackBatcher struct {
 type ackRequest struct {
 	lease *pgtransport.Lease
 	done  chan error // buffered 1: answered once, never blocks
+	// alone: a batch it was in was refused for good, so it is settled in
+	// a round-trip of its own (and no claim), where a refusal is its own.
+	alone bool
+	// doubt: a round-trip it was in lost its reply, so it may have
+	// applied; a retry that finds the lease gone must find out (resolve).
+	doubt bool
 }
 
 // add queues an ack of l and returns the channel its answer comes on.
@@ -32,21 +38,52 @@ func (b *ackBatcher) add(l *pgtransport.Lease) <-chan error {
 // len is how many acks wait for the next round-trip.
 func (b *ackBatcher) len() int { return len(b.queue) }
 
-// take hands out every ack waiting, oldest first.
-func (b *ackBatcher) take() []ackRequest {
+// take hands out the acks for the next round-trip, oldest first: the
+// oldest alone if it is to be settled alone (then alone is true), else
+// every ack waiting but those.
+func (b *ackBatcher) take() (acks []ackRequest, alone bool) {
+	if len(b.queue) > 0 && b.queue[0].alone {
+		acks = []ackRequest{b.queue[0]}
+		b.queue = append([]ackRequest(nil), b.queue[1:]...)
+		return acks, true
+	}
+	split := false
+	for _, a := range b.queue {
+		split = split || a.alone
+	}
+	if !split { // the usual case: all of them, as they are
+		acks, b.queue = b.queue, nil
+		return acks, false
+	}
+	var rest []ackRequest
+	for _, a := range b.queue {
+		if a.alone {
+			rest = append(rest, a)
+		} else {
+			acks = append(acks, a)
+		}
+	}
+	b.queue = rest
+	return acks, false
+}
+
+// requeue puts acks of a failed round-trip back, ahead of any that came
+// since, for the next one.
+func (b *ackBatcher) requeue(acks []ackRequest) {
+	b.queue = append(append([]ackRequest(nil), acks...), b.queue...)
+}
+
+// drain hands out every ack waiting.
+func (b *ackBatcher) drain() []ackRequest {
 	acks := b.queue
 	b.queue = nil
 	return acks
 }
 
-// requeue puts acks of a failed round-trip back, ahead of any that came
-// since, for the next one.
-func (b *ackBatcher) requeue(acks []ackRequest) { b.queue = append(acks, b.queue...) }
-
 // close stops taking acks and hands out those still waiting.
 func (b *ackBatcher) close() []ackRequest {
 	b.closed = true
-	return b.take()
+	return b.drain()
 }
 
 // answer delivers err to every ack of acks.

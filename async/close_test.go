@@ -29,11 +29,12 @@ func closed(tr *async.Transport) <-chan struct{} {
 func TestCloseEndsClaimWait(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	tr, _, _ := setup(t, pgtransport.Config{IdleSweep: time.Hour})
+	tr, _, db := setup(t, pgtransport.Config{IdleSweep: time.Hour})
 	waits := []<-chan async.Result[*pgtransport.Lease]{
 		tr.ClaimWait(context.Background(), "w", time.Minute, 0),
 		tr.ClaimWait(context.Background(), "w", time.Minute, 0),
 	}
+	db.WaitParked(t) // at least one waits for work when Close comes
 	select {
 	case <-closed(tr):
 	case <-time.After(10 * time.Second):
@@ -64,11 +65,11 @@ func TestCloseGivesBackClaimWaitLease(t *testing.T) {
 	is.NoErr(err) // lock the groups table
 
 	w := tr.ClaimWait(context.Background(), "w", time.Hour, 0)
-	waitFor(t, "the claim blocks on the lock", func() bool {
+	eventually(t, time.Minute, "the claim blocks on the lock", func() bool {
 		return count(t, db, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'transport_groups'::regclass`) > 0
 	})
 	done := closed(tr)
-	waitFor(t, "Close has begun", func() bool {
+	eventually(t, time.Minute, "Close has begun", func() bool {
 		// A bad worker ID fails before any round-trip, with ErrClosed once closing.
 		return errors.Is((<-tr.Claim(ctx(t), "", time.Minute, 0)).Err, pgtransport.ErrClosed)
 	})
@@ -86,16 +87,4 @@ func TestCloseGivesBackClaimWaitLease(t *testing.T) {
 	is.NoErr(err)
 	is.True(l != nil) // given back: claimable now, not after an hour's visibility
 	is.Equal(l.Event, "e")
-}
-
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

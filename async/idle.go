@@ -50,10 +50,15 @@ type idleState struct {
 	sweep  time.Duration // Config.IdleSweep
 
 	phase  phase
-	armed  bool      // our waiter row may exist
-	looked bool      // dry after arming and claiming once more: safe to sleep
-	next   time.Time // the earliest lease or park the waiter row saw running out (zero: none)
-	ticket *core.Ticket
+	armed  bool // our waiter row may exist
+	looked bool // dry after arming and claiming once more: safe to sleep
+	// notified: woken by a notification since the waiter row was last
+	// written. A new group row may come leased (published and claimed in
+	// one transaction), so an empty claim after it must learn that lease's
+	// end (write the row again) before the stream sleeps.
+	notified bool
+	next     time.Time // the earliest lease or park the waiter row saw running out (zero: none)
+	ticket   *core.Ticket
 
 	// When the waiter row was last written, the ticket taken, and the last
 	// round-trip that claimed left: a claim that left after both saw every
@@ -115,7 +120,7 @@ func (w *idleState) armedNow(now time.Time) bool {
 // rowWritten records the waiter row written at now; in, if ok, is how
 // long until the earliest lease or park it saw runs out.
 func (w *idleState) rowWritten(now time.Time, in time.Duration, ok bool) {
-	w.armed, w.armedAt = w.notify, now
+	w.armed, w.armedAt, w.notified = w.notify, now, false
 	w.next = time.Time{}
 	if ok {
 		w.next = now.Add(in)
@@ -163,6 +168,12 @@ func (w *idleState) landed(t trip, full bool) (unwait bool) {
 		w.dropTicket()
 	case t.limit > t.got && w.phase == claiming:
 		w.phase, w.looked = dry, false // no arming while acks keep the stream busy
+	case t.limit > t.got && w.phase == arming && w.notified && t.got == 0:
+		// A new group, and nothing to claim: it came leased, or another
+		// consumer took it. Its lease's end is later news than the row's
+		// last answer: arm again (the row's write reports it) and claim
+		// once more, or the stream would sleep past it until IdleSweep.
+		w.notified, w.armedAt = false, time.Time{}
 	case t.limit > t.got && w.phase == arming:
 		w.phase, w.looked = dry, true
 	}
@@ -171,6 +182,10 @@ func (w *idleState) landed(t trip, full bool) (unwait bool) {
 
 // woken records a reason to claim again.
 func (w *idleState) woken() { w.phase = arming }
+
+// notifiedOf records a notification of a new group: a reason to claim
+// again, and maybe (see notified) to write the waiter row again.
+func (w *idleState) notifiedOf() { w.phase, w.notified = arming, true }
 
 // wakeups returns the wake-up channels a sleep listens on: a dry stream
 // wakes on a notification (sub, nil without) and on its ticket.

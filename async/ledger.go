@@ -28,6 +28,7 @@ type ledger struct {
 	held     map[leaseKey]holding // leases claimed and not yet settled
 	settling int                  // of held, those whose ack is in a round-trip
 	reserved int                  // slots the round-trips in flight may fill
+	gone     int                  // leases dropped so far (settled, given back, lapsed): the gate watches it
 }
 
 type holding struct {
@@ -133,6 +134,17 @@ func (g *ledger) land(settled []core.Settled, claimed []*pgtransport.Lease, rese
 	return fresh
 }
 
+// release forgets l if the stream holds it in that form (the same
+// message: a kept group's earlier message shares its key, and settling
+// that one elsewhere must not free the slot of the next); false if not.
+func (g *ledger) release(l *pgtransport.Lease) bool {
+	k := keyOf(l)
+	if h, ok := g.held[k]; !ok || h.lease.Seq != l.Seq {
+		return false
+	}
+	return g.drop(k)
+}
+
 // drop forgets a held lease; false if it was not held.
 func (g *ledger) drop(k leaseKey) bool {
 	h, ok := g.held[k]
@@ -143,7 +155,18 @@ func (g *ledger) drop(k leaseKey) bool {
 		g.settling--
 	}
 	delete(g.held, k)
+	g.gone++
 	return true
+}
+
+// lapses returns when l, held in that form (the same message), lapses by
+// this process's clock: never later than the database's end of the lease.
+func (g *ledger) lapses(l *pgtransport.Lease) (time.Time, bool) {
+	h, ok := g.held[keyOf(l)]
+	if !ok || h.lease.Seq != l.Seq {
+		return time.Time{}, false
+	}
+	return h.lapses, true
 }
 
 // expire drops the leases whose visibility ran out by now (their groups

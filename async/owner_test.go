@@ -1,6 +1,7 @@
 package async_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -60,4 +61,41 @@ func TestStreamsShareATransport(t *testing.T) {
 		is.NoErr(<-tr.Ack(ctx(t), l)) // each ack frees its own stream's one slot
 	}
 	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
+}
+
+// TestStaleAckManyKeepsTheSlot: acking again, through AckMany, a message a
+// stream already acked and kept its group for (the next message waits in C
+// under the same key) answers ErrLeaseLost and leaves the stream's slot
+// taken: the stream must not claim a second group past MaxInFlight (it
+// would block on the full C, and Close with it).
+func TestStaleAckManyKeepsTheSlot(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, db := setup(t, pgtransport.Config{})
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e1", 0)).Err)
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e2", 0)).Err)
+	s := stream(t, tr, async.StreamConfig{MaxInFlight: 1})
+	first := receive(t, s, time.Minute)
+	is.NoErr(<-tr.Ack(ctx(t), first)) // the stream keeps g: e2 goes to C, unreceived
+	eventually(t, time.Minute, "e2 in C", func() bool { return len(s.C()) == 1 })
+	r := <-tr.AckMany(ctx(t), []*pgtransport.Lease{first})
+	is.NoErr(r.Err)
+	is.True(errors.Is(r.Value[0], pgtransport.ErrLeaseLost)) // acked already
+	is.NoErr((<-tr.Publish(ctx(t), "h", "e", 0)).Err)        // wakes the stream, were it to have room
+	locked := `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`
+	// Nothing signals a claim that does not happen: give the stream the
+	// time a wrong claim takes (it would be woken by the publish above).
+	most := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && most <= 1; {
+		most = max(most, count(t, db, locked))
+		time.Sleep(5 * time.Millisecond)
+	}
+	is.Equal(most, 1) // g only: h was never claimed past MaxInFlight
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Stream.Close still blocked after 30s")
+	}
 }

@@ -35,6 +35,18 @@ func TestLedger(t *testing.T) {
 		used, free, held, settling int
 	}{
 		{
+			name: "settling a kept lease's earlier message elsewhere frees no slot",
+			do: func(is *is.I, g *ledger) {
+				g.reserve(1)
+				claim(g, 1, a)
+				next := lease("t1", "a", 2) // AckNext kept group a: same key, next message
+				is.True(g.extend(keyOf(a), next, time.Now().Add(time.Minute)))
+				is.True(!g.release(a))   // a stale second ack of a: not what is held
+				is.True(g.release(next)) // the message held now
+			},
+			used: 0, free: 4,
+		},
+		{
 			name: "a round-trip in flight holds its slots",
 			do:   func(is *is.I, g *ledger) { g.reserve(3) },
 			used: 3, free: 1,
@@ -186,17 +198,61 @@ func TestAckBatcher(t *testing.T) {
 	da := b.add(a)
 	b.add(c)
 	is.Equal(b.len(), 2)
-	acks := b.take()
+	acks, alone := b.take()
+	is.True(!alone)
 	is.Equal(leasesOf(acks), []*pgtransport.Lease{a, c}) // oldest first
 	is.Equal(b.len(), 0)                                 // all handed out
 	b.add(d)
-	b.requeue(acks)                                             // the round-trip failed
-	is.Equal(leasesOf(b.take()), []*pgtransport.Lease{a, c, d}) // ahead of later acks
+	b.requeue(acks) // the round-trip failed
+	again, _ := b.take()
+	is.Equal(leasesOf(again), []*pgtransport.Lease{a, c, d}) // ahead of later acks
 	answer(acks, pgtransport.ErrInvalidBatch)
 	is.True(errors.Is(<-da, pgtransport.ErrInvalidBatch)) // each caller answered once
+
+	// A batch refused for good: each of its acks is then settled alone,
+	// ahead of the acks that came since, which still go together.
+	for i := range again[:2] {
+		again[i].alone = true
+	}
+	b.requeue(again[:2])
+	e := lease("t", "e", 1)
+	b.add(e)
+	one, alone := b.take()
+	is.True(alone)
+	is.Equal(leasesOf(one), []*pgtransport.Lease{a})
+	one, alone = b.take()
+	is.True(alone)
+	is.Equal(leasesOf(one), []*pgtransport.Lease{c})
+	rest, alone := b.take()
+	is.True(!alone)
+	is.Equal(leasesOf(rest), []*pgtransport.Lease{e}) // then the batch
+	is.Equal(b.len(), 0)
+
 	b.add(a)
 	is.Equal(len(b.close()), 1) // the rest, at the stop
 	is.True(b.closed)           // and no more
+}
+
+// TestGate: after a give-back the stream claims nothing until a receiver
+// takes a lease from C or settles one; with C empty it probes with one
+// lease at a time once the probe time has passed.
+func TestGate(t *testing.T) {
+	is := is.New(t)
+	var g gate
+	is.Equal(g.limit(4, 0, 0, t0), 4) // open: every free slot
+	g.close(t0, 2, 10, time.Second)   // two left in C, ten dropped so far
+	is.Equal(g.limit(4, 2, 10, t0), 0)
+	is.True(g.wakeAt(2).IsZero()) // C not empty: no probe
+	g.put(1)
+	is.Equal(g.limit(4, 3, 10, t0), 0)                  // what we put is no sign of a receiver
+	is.Equal(g.limit(4, 2, 10, t0), 4)                  // one taken out of C: open
+	g.close(t0, 0, 10, time.Second)                     // C empty
+	is.Equal(g.wakeAt(0), t0.Add(time.Second))          // a probe is due then
+	is.Equal(g.limit(4, 0, 10, t0), 0)                  // not yet
+	is.Equal(g.limit(4, 0, 10, t0.Add(time.Second)), 1) // one at a time
+	g.put(1)
+	is.Equal(g.limit(4, 1, 10, t0.Add(2*time.Second)), 0) // the probe waits in C
+	is.Equal(g.limit(4, 1, 11, t0.Add(2*time.Second)), 4) // a lease settled: open
 }
 
 func TestIdleState(t *testing.T) {
@@ -258,6 +314,22 @@ func TestIdleState(t *testing.T) {
 				}
 			})
 		}
+	})
+	t.Run("NotifiedEmptyClaimArmsAgain", func(t *testing.T) {
+		is := is.New(t)
+		w := idleState{phase: dry, notify: true, sweep: time.Minute}
+		w.rowWritten(now, 0, false) // armed, no lease seen
+		w.notifiedOf()              // a new group, which came leased
+		is.Equal(w.phase, arming)
+		is.True(w.armedNow(now)) // the row stands: this claim goes without a write
+		w.landed(trip{limit: 4}, false)
+		is.Equal(w.phase, arming) // nothing to claim: not dry yet
+		is.True(!w.armedNow(now)) // the row must be written again, to learn the new lease's end
+		w.rowWritten(now, 100*time.Millisecond, true)
+		w.landed(trip{limit: 4}, false)
+		is.Equal(w.phase, dry) // then it sleeps
+		is.True(w.looked)
+		is.Equal(w.sleepFor(time.Hour, now), 101*time.Millisecond) // until that lease's end, not IdleSweep
 	})
 	t.Run("sleeps", func(t *testing.T) {
 		armed := func(w *idleState) { // row and ticket in place before the last claim left

@@ -19,7 +19,8 @@ import (
 type StreamConfig struct {
 	// WorkerID names the consumer; it prefixes every lease token.
 	WorkerID string
-	// Visibility is how long each lease holds before it lapses.
+	// Visibility is how long each lease holds before it lapses: at least
+	// pgtransport.MinVisibility.
 	Visibility time.Duration
 	// MinPriority is the priority floor: only groups at or above it.
 	MinPriority int
@@ -31,7 +32,7 @@ type StreamConfig struct {
 	// of the pool's connections.
 	MaxInFlight int
 	// OnError, if set, is told of each error the stream recovers from (it
-	// retries with backoff). It runs on the stream's goroutine and must not
+	// retries with backoff, or answers a refused ack alone). It runs on the stream's goroutine and must not
 	// block.
 	OnError func(error)
 }
@@ -52,17 +53,20 @@ type StreamConfig struct {
 // It holds at most MaxInFlight leases: a lease counts from its claim until
 // it is acked or nacked through the Transport or its visibility runs out.
 // C is buffered (MaxInFlight); a lease that waits there unreceived for half
-// its visibility is given back (nack with no delay) before it can lapse.
+// its visibility is given back (nack with no delay) before it can lapse,
+// and the stream then holds its claims back until a receiver shows it is
+// at work, so that other consumers get those groups (see gate).
 //
 // While idle it waits, without polling, for the first of: a notification of
 // a new group (LISTEN/NOTIFY), an ack, nack or publish through the same
 // Transport that may have freed work, the earliest lease or park it saw
 // when it went idle running out, and Config.IdleSweep.
 //
-// Inside, it is four parts: an ackBatcher (the acks waiting for the next
+// Inside, it is five parts: an ackBatcher (the acks waiting for the next
 // round-trip), a ledger (the leases held and the slots in use), an
-// idleState (when to claim, arm and sleep), and run, the loop that selects
-// over the events that move them.
+// idleState (when to claim, arm and sleep), a gate (claims held back after
+// a give-back), and run, the loop that selects over the events that move
+// them.
 type Stream struct {
 	t      *Transport
 	cfg    StreamConfig
@@ -73,9 +77,10 @@ type Stream struct {
 	waiter string        // this stream's row in transport_waiters
 	signal chan struct{} // acks queued or a slot freed; holds at most one
 
-	mu     stdsync.Mutex // guards acks and ledger together, and err
+	mu     stdsync.Mutex // guards acks, ledger and gate together, and err
 	acks   ackBatcher
 	ledger ledger
+	gate   gate
 	err    error
 }
 
@@ -83,7 +88,9 @@ type Stream struct {
 // ends, Close, or the Transport closes; then it acks what its receivers
 // acked, gives back the leases still waiting in C, closes C and records why
 // in Err. Errors from the database are retried with backoff; only
-// ErrSchemaMissing ends the stream.
+// ErrSchemaMissing ends the stream. An ack the database refuses for good
+// (core.Permanent) is answered that error alone: the acks batched with it
+// are settled without it, each on its own round-trip.
 func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) {
 	if err := core.CheckClaim(cfg.WorkerID, cfg.Visibility, cfg.MinPriority); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
@@ -208,7 +215,7 @@ func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 // round-trips (a nack, AckMany, AckNext); false if the stream did not hold it.
 func (s *Stream) release(l *pgtransport.Lease) bool {
 	s.mu.Lock()
-	held := s.ledger.drop(keyOf(l))
+	held := s.ledger.release(l)
 	s.mu.Unlock()
 	if held {
 		s.poke() // a slot came free
@@ -302,7 +309,7 @@ func (s *Stream) run(ctx, parent context.Context) {
 			}
 		case <-s.signal: // acks queued or a slot freed: look again
 		case <-notified:
-			w.woken()
+			w.notifiedOf()
 		case <-wakeup:
 			w.woken()
 		case <-timeout:
@@ -383,10 +390,14 @@ func (s *Stream) full() bool {
 func (s *Stream) take() ([]ackRequest, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	acks := s.acks.take()
-	s.ledger.expire(time.Now())
+	acks, alone := s.acks.take()
+	now := time.Now()
+	s.ledger.expire(now)
 	s.ledger.settle(leasesOf(acks), true)
-	return acks, s.ledger.free()
+	if alone {
+		return acks, 0 // settled on its own, with no claim: a refusal is its own
+	}
+	return acks, s.gate.limit(s.ledger.free(), len(s.out), s.ledger.gone, now)
 }
 
 // requeue puts acks back for the next round-trip after a failed one.
@@ -402,7 +413,12 @@ func (s *Stream) requeue(acks []ackRequest) {
 func (s *Stream) untilDeadline() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return max(time.Until(s.ledger.nextDeadline(time.Now())), 0)
+	now := time.Now()
+	next := s.ledger.nextDeadline(now)
+	if probe := s.gate.wakeAt(len(s.out)); probe.After(now) {
+		next = minTime(next, probe)
+	}
+	return max(next.Sub(now), 0)
 }
 
 // exchange settles acks and claims up to limit leases (kept ones count),
@@ -423,32 +439,118 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	start := time.Now()
 	settled, claimed, err := s.t.core.Exchange(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
 	if err != nil {
-		refused := len(acks) > 0 && errors.Is(err, pgtransport.ErrInvalidBatch)
-		s.mu.Lock()
-		s.ledger.unreserve(reserved)
-		if refused {
-			s.ledger.refuse(leases) // held as before
-		} else {
-			s.ledger.settle(leases, false)
-			s.acks.requeue(acks)
-		}
-		s.mu.Unlock()
-		if refused {
-			answer(acks, err) // cannot succeed on a retry
-			return 0, 0, 0, nil
-		}
-		return 0, 0, 0, err
+		return 0, 0, 0, s.failed(acks, reserved, limit, err)
 	}
+	s.resolve(rctx, acks, settled)
 	s.mu.Lock()
 	fresh := s.ledger.land(settled, claimed, reserved, start.Add(s.cfg.Visibility), start.Add(s.cfg.Visibility/2))
 	s.mu.Unlock()
 	for i, st := range settled {
 		acks[i].done <- st.Err
 	}
+	var overflow []*pgtransport.Lease
+	put := 0
 	for _, l := range fresh {
-		s.out <- l // never blocks: C holds MaxInFlight, and so many slots we have
+		select {
+		case s.out <- l: // C holds MaxInFlight, and so many slots we have
+			put++
+		default:
+			// The ledger says C has room; were it ever wrong, give the
+			// lease back rather than block the stream, and Close, on a send.
+			overflow = append(overflow, l)
+		}
+	}
+	s.mu.Lock()
+	s.gate.put(put)
+	s.mu.Unlock()
+	if len(overflow) > 0 {
+		s.report(fmt.Errorf("stream: %d leases over MaxInFlight given back", len(overflow)))
+		s.nackAll(ctx, overflow)
 	}
 	return len(fresh), len(claimed), core.Freed(settled), nil
+}
+
+// failed books a round-trip that failed with err: its reserved slots come
+// back, and its acks are retried or answered. An error a retry may get
+// past (a lost connection, a timeout) sends them all back for the next
+// round-trip, marked in doubt if the reply was lost after the request
+// left: the stream retries with backoff (err is returned). A refusal for
+// good is answered to the ack it concerns alone, so that no lease may
+// wedge the stream: with one ack and no claim the refusal is that ack's;
+// otherwise each ack goes back to be settled alone, with no claim. The
+// acks' leases stay held, as before their ack.
+func (s *Stream) failed(acks []ackRequest, reserved, limit int, err error) error {
+	leases := leasesOf(acks)
+	s.mu.Lock()
+	s.ledger.unreserve(reserved)
+	switch {
+	case len(acks) == 0 || !core.Permanent(err):
+		for i := range acks {
+			acks[i].doubt = acks[i].doubt || errors.Is(err, pgtransport.ErrOutcomeUnknown)
+		}
+		s.ledger.settle(leases, false)
+		s.acks.requeue(acks)
+		s.mu.Unlock()
+		return err
+	case len(acks) == 1 && limit == 0:
+		s.ledger.refuse(leases)
+		s.mu.Unlock()
+		answer(acks, err) // the same ack would be refused again
+		return nil
+	default:
+		for i := range acks {
+			acks[i].alone = true
+		}
+		s.ledger.settle(leases, false)
+		s.acks.requeue(acks)
+		s.mu.Unlock()
+		s.report(err)
+		return nil
+	}
+}
+
+// resolve settles what a retry cannot tell: an ack in doubt (an earlier
+// round-trip with it lost its reply) that the retry finds no longer held
+// may have applied the first time. If its message is still queued, it did
+// not: ErrLeaseLost holds (the lease lapsed and went elsewhere, and the
+// message will be handed out again). If the message is gone while the
+// lease could not have lapsed yet (by this process's clock, after the
+// check: the ledger's lapse time is never later than the database's), it
+// did, since only the group's holder deletes its messages and nobody else
+// could hold the group before our ack freed it: nil. Otherwise nobody can
+// tell: ErrOutcomeUnknown (the message is not queued any more; it was
+// acked, by this ack or by a later holder after the lease lapsed).
+func (s *Stream) resolve(ctx context.Context, acks []ackRequest, settled []core.Settled) {
+	var (
+		at     []int
+		leases []*pgtransport.Lease
+		until  []time.Time
+	)
+	s.mu.Lock()
+	for i, st := range settled {
+		if acks[i].doubt && errors.Is(st.Err, pgtransport.ErrLeaseLost) {
+			lapses, _ := s.ledger.lapses(acks[i].lease) // zero if no longer held: nothing proven
+			at, leases, until = append(at, i), append(leases, acks[i].lease), append(until, lapses)
+		}
+	}
+	s.mu.Unlock()
+	if len(at) == 0 {
+		return
+	}
+	pending, err := s.t.core.Pending(ctx, leases)
+	checked := time.Now()
+	for j, i := range at {
+		switch {
+		case err != nil:
+			settled[i].Err = fmt.Errorf("ack: %w: its reply was lost, and checking failed: %w", pgtransport.ErrOutcomeUnknown, err)
+		case pending[j]:
+			// Not applied: ErrLeaseLost stands.
+		case checked.Before(until[j]):
+			settled[i].Err = nil // applied by the attempt whose reply was lost
+		default:
+			settled[i].Err = fmt.Errorf("ack: %w: its reply was lost and the lease may have lapsed since; the message is not queued any more", pgtransport.ErrOutcomeUnknown)
+		}
+	}
 }
 
 // roundTripTimeout bounds one round-trip of a stream.
@@ -496,6 +598,9 @@ func (s *Stream) giveBackStale(ctx context.Context) {
 	s.nackAll(ctx, stale)
 	s.mu.Lock()
 	s.ledger.received(now) // past due and not in C: received, so not given back
+	if len(stale) > 0 {    // receivers are not keeping up: claim less (gate)
+		s.gate.close(time.Now(), len(s.out), s.ledger.gone, min(s.t.cfg.IdleSweep, s.cfg.Visibility/2))
+	}
 	s.mu.Unlock()
 }
 
@@ -570,12 +675,18 @@ func (s *Stream) finish(parent context.Context) {
 	s.mu.Unlock()
 	ctx, cancel := s.t.detach(context.Background(), roundTripTimeout)
 	defer cancel()
-	if len(acks) > 0 {
+	for len(acks) > 0 {
 		_, _, freed, err := s.exchange(ctx, acks, 0)
-		if err != nil {
-			answer(acks, err)
-		}
 		s.t.parking.Wake(freed) // for other waiters here
+		s.mu.Lock()
+		if err != nil {
+			acks = s.acks.drain() // the acks sent, back in the queue
+			s.mu.Unlock()
+			answer(acks, err)
+			break
+		}
+		acks, _ = s.acks.take() // those split off to settle alone
+		s.mu.Unlock()
 	}
 	s.nackAll(ctx, s.drain())
 	if s.sub != nil {

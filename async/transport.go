@@ -108,7 +108,10 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 }
 
 // Close stops every stream and waits for every goroutine the Transport
-// started; it returns within about closeGrace. Leases a stream had claimed
+// started. With a server that answers it returns as soon as the calls in
+// flight have (milliseconds); with one that stopped answering, within
+// about twice closeGrace (5 s: the grace, then a give-back's own bound).
+// Leases a stream had claimed
 // but not yet handed to its receiver are given back at once (nack with no
 // delay), so they are not held until their visibility runs out; leases
 // already received stay the receiver's and come back after their
@@ -159,6 +162,8 @@ const closeGrace = 5 * time.Second
 // Publish appends event to group's FIFO and delivers its seq. A new group
 // gets priority (0-4); an existing one keeps its priority and any live lease.
 // One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Publish says.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
 		return t.core.Publish(ctx, group, event, priority)
@@ -178,6 +183,8 @@ func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event strin
 // longest ago and delivers its head, held for visibility, or a nil lease
 // when nothing is claimable: like the blocking Claim, it does not wait for
 // work (a Stream does). One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Claim says.
 func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
 		return t.core.Claim(ctx, workerID, visibility, minPriority)
@@ -191,6 +198,19 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // queued since the last one and claims more in the same transaction: its
 // channel delivers when that batch commits (after at most the round-trip in
 // flight and its own), and ctx no longer cancels it once queued.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Ack says. A
+// stream settles the outcome of its own round-trips: it retries a batch
+// whose reply was lost, and an ack the retry finds no longer held is
+// answered nil if its message is gone while the lease could not have
+// lapsed (the first attempt applied it: only the group's holder deletes its
+// messages), ErrLeaseLost only if its message is still queued (it will be
+// handed out again), and otherwise ErrOutcomeUnknown: the message is not
+// queued any more, acked by this ack or, after the lease lapsed, by another
+// worker. An ack the database refuses for good (anything but a lost
+// connection, a timeout or a transient failure) is answered that error, and
+// the acks batched with it are settled without it: one lease cannot stop a
+// stream.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
 	if ctx.Err() == nil {
 		if done, ok := t.streams.enqueue(lease); ok {
@@ -209,6 +229,8 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan er
 // Nack gives the lease back without deleting the message: delay > 0 parks
 // the group until now+delay, delay == 0 frees it at once, first in line.
 // ErrLeaseLost if the lease no longer holds. One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Nack says.
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
 		err := t.core.Nack(ctx, lease, delay)
@@ -221,6 +243,8 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 
 // Extend makes the lease hold until now+visibility. ErrLeaseLost if the
 // lease no longer holds. One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Extend says.
 func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
 		start := time.Now()
@@ -234,6 +258,8 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 
 // PublishMany appends every message in one round-trip, in slice order, and
 // delivers their seqs in that order; as sync.Transport.PublishMany.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
 	return call(t, ctx, func(ctx context.Context) ([]int64, error) {
 		return t.core.PublishMany(ctx, msgs)
@@ -242,6 +268,8 @@ func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message)
 
 // ClaimWait delivers a lease once one is claimable, or ctx's error; as
 // sync.Transport.ClaimWait (a Stream also wakes on notifications).
+//
+// A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
 		return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
@@ -250,6 +278,8 @@ func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility t
 
 // ClaimMany leases up to max groups in one round-trip; as
 // sync.Transport.ClaimMany.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) <-chan Result[[]*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) ([]*pgtransport.Lease, error) {
 		return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
@@ -258,6 +288,8 @@ func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility t
 
 // AckMany settles leases in one round-trip, with an entry per lease (nil or
 // ErrLeaseLost); as sync.Transport.AckMany.
+//
+// A lost reply (or ctx ending while it runs): ErrOutcomeUnknown, as there.
 func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan Result[[]error] {
 	return call(t, ctx, func(ctx context.Context) ([]error, error) {
 		errs, err := t.core.AckMany(ctx, leases)
@@ -273,6 +305,8 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-
 
 // AckNext acks the lease and delivers the group's next message under the
 // same lease when it keeps the group; as sync.Transport.AckNext.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
 		start := time.Now()

@@ -191,7 +191,7 @@ func TestExpiryWakes(t *testing.T) {
 			tr, st, db := setup(t, pgtransport.Config{IdleSweep: noSweep})
 			_, err := st.Publish(ctx(t), "g", "e", 0)
 			is.NoErr(err)
-			l, err := st.Claim(ctx(t), "gone", 700*time.Millisecond, 0)
+			l, err := st.Claim(ctx(t), "gone", pgtransport.MinVisibility, 0)
 			is.NoErr(err)
 			if tc.park {
 				is.NoErr(st.Nack(ctx(t), l, 700*time.Millisecond))

@@ -35,20 +35,21 @@ type settings struct {
 	workers  []int         // claim+ack worker counts
 	riverExt []int         // River's and the async transport's extra worker counts
 	groups   []int         // claim+ack group counts
+	jobs     time.Duration // how long one run of the jobs workload is measured
 }
 
 var (
 	quick = settings{runs: 3, window: 400 * time.Millisecond, backlog: 20_000, samples: 200, maxCost: 1_000_000,
-		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}}
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 4 * time.Second}
 	full = settings{runs: 5, window: 3 * time.Second, backlog: 150_000, samples: 1000, maxCost: 1_000_000,
-		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}}
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 20 * time.Second}
 )
 
 func main() {
 	var (
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, claimcost, latency)")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, jobs, claimcost, latency)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
@@ -151,6 +152,7 @@ func (r *runner) all(ctx context.Context) error {
 		{"river", r.river},
 		{"hotgroup", r.hotGroup},
 		{"publish", r.publish},
+		{"jobs", r.jobs},
 		{"claimcost", r.claimCost},
 		{"latency", r.latency},
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
@@ -477,7 +478,13 @@ func (r *runner) claimCost(ctx context.Context) error {
 }
 
 // latency: publish (by another transport, so only a notification can wake
-// it) to lease received, into an idle async consumer; p50 and p99.
+// it) to lease received, into an idle async consumer; p50 and p99, each
+// measured from two origins. Samples alternate two publishers: this
+// library's Publish (one round-trip, SELECT harel_publish) and the
+// design's plain-SQL publish as a client in another language sends it
+// (BEGIN, two INSERTs, COMMIT: four round-trips). Each is measured from
+// the start of the publish and from its commit's reply: the wake-up
+// itself is the second, what a publisher sees is the first.
 func (r *runner) latency(ctx context.Context) error {
 	db, err := pgtest.Open(8)
 	if err != nil {
@@ -504,40 +511,84 @@ func (r *runner) latency(ctx context.Context) error {
 		return err
 	}
 	<-s.Ready()
-	p50 := result{suite: "latency", system: "async", variant: "p50", unit: "ms"}
-	p99 := result{suite: "latency", system: "async", variant: "p99", unit: "ms"}
+	publishers := []struct {
+		name    string
+		publish func(group string) error
+	}{
+		{"go", func(group string) error { _, err := pub.Publish(ctx, group, "e", 0); return err }},
+		{"sql", func(group string) error { return plainPublish(ctx, db.Pool, group) }},
+	}
+	type origin struct{ fromStart, fromCommit []time.Duration }
+	results := map[string]*result{}
+	res := func(variant string) *result {
+		if results[variant] == nil {
+			results[variant] = &result{suite: "latency", system: "async", variant: variant, unit: "ms"}
+		}
+		return results[variant]
+	}
 	for run := range r.s.runs {
 		r.progress("latency    publish to receive, run %d/%d", run+1, r.s.runs)
-		var lat []time.Duration
-		for i := range r.s.samples {
+		lat := map[string]*origin{}
+		for i := range 2 * r.s.samples {
+			p := publishers[i%2]
 			if err := awaitIdle(ctx, db); err != nil {
 				return err
 			}
 			group := fmt.Sprintf("r%d-%d", run, i)
 			start := time.Now()
-			if _, err := pub.Publish(ctx, group, "e", 0); err != nil {
+			if err := p.publish(group); err != nil {
 				return err
 			}
+			committed := time.Now()
 			var l *pgtransport.Lease
 			select {
 			case l = <-s.C():
 			case <-time.After(30 * time.Second):
 				return fmt.Errorf("latency: no wake-up for %s in 30 s", group)
 			}
-			lat = append(lat, time.Since(start))
+			got := time.Now()
 			if l == nil || l.Group != group {
 				return fmt.Errorf("latency: got %+v, want group %s", l, group)
 			}
+			if lat[p.name] == nil {
+				lat[p.name] = &origin{}
+			}
+			lat[p.name].fromStart = append(lat[p.name].fromStart, got.Sub(start))
+			lat[p.name].fromCommit = append(lat[p.name].fromCommit, got.Sub(committed))
 			if err := <-cons.Ack(ctx, l); err != nil {
 				return err
 			}
 		}
-		p50.runs = append(p50.runs, ms(percentile(lat, 50)))
-		p99.runs = append(p99.runs, ms(percentile(lat, 99)))
+		for _, p := range publishers {
+			for from, d := range map[string][]time.Duration{"start": lat[p.name].fromStart, "commit": lat[p.name].fromCommit} {
+				for _, pc := range []int{50, 99} {
+					v := res(fmt.Sprintf("%s/%s/p%d", p.name, from, pc))
+					v.runs = append(v.runs, ms(percentile(d, pc)))
+				}
+			}
+		}
 	}
-	r.add(p50)
-	r.add(p99)
+	for _, p := range publishers {
+		for _, from := range []string{"start", "commit"} {
+			for _, pc := range []int{50, 99} {
+				r.add(*res(fmt.Sprintf("%s/%s/p%d", p.name, from, pc)))
+			}
+		}
+	}
 	return nil
+}
+
+// plainPublish is the design's publish in plain SQL, as docs/protocol.md
+// gives it to other languages: one transaction, four round-trips.
+func plainPublish(ctx context.Context, pool *pgxpool.Pool, group string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO transport_messages (group_id, event) VALUES ($1, 'e')`, group); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+  VALUES ($1, NULL, NULL, 0) ON CONFLICT (group_id) DO NOTHING`, group)
+		return err
+	})
 }
 
 // awaitIdle waits until a consumer of db's queue has said it waits.

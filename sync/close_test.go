@@ -26,6 +26,7 @@ func TestCloseEndsClaimWait(t *testing.T) {
 		_, err := tr.ClaimWait(context.Background(), "w", time.Minute, 0)
 		errs <- err
 	}()
+	db.WaitParked(t) // the call waits for work when Close comes
 	tr.Close()
 	select {
 	case err := <-errs:

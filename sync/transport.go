@@ -2,6 +2,8 @@ package sync
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,8 +20,9 @@ type DBTX = core.DBTX
 // Transport is the blocking transport. It is safe for concurrent use when its
 // DBTX is (a pool is).
 type Transport struct {
-	core  *core.Core    // also parks ClaimWait callers and wakes them
-	owned *pgxpool.Pool // closed by Close; set by FromDSN only
+	core   *core.Core    // also parks ClaimWait callers and wakes them
+	owned  *pgxpool.Pool // closed by Close; set by FromDSN only
+	closed atomic.Bool   // set by Close: every later call returns ErrClosed
 }
 
 // New returns a Transport on db. Unless cfg.SkipApply, it first brings the
@@ -49,22 +52,41 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 	return t, nil
 }
 
-// Close releases the pool FromDSN opened: a ClaimWait waiting for work on
-// it returns ErrClosed at once, and later calls fail. (A lease claimed at
-// that very instant cannot be given back on the closed pool: it comes back
-// after its visibility.) It does nothing for a Transport made with New
-// (the caller owns that connection) and is safe to call twice.
+// Close closes the Transport: a ClaimWait waiting for work returns
+// ErrClosed at once, and every later call returns ErrClosed (errors.Is),
+// however the Transport was made. A Transport from FromDSN also closes its
+// pool, once the round-trips in flight have finished (a call that had not
+// reached the pool yet returns ErrClosed too); a lease a ClaimWait claims
+// at that very instant cannot be given back on the closed pool and comes
+// back after its visibility. A Transport made with New leaves its
+// connection open: the caller owns it (and a lease claimed at that instant
+// is given back on it). Safe to call twice.
 func (t *Transport) Close() {
+	t.closed.Store(true)
+	t.core.Parking().Close() // waits end now, not at their next look
 	if t.owned != nil {
-		t.core.Parking().Close() // waits end now, not at their next look on a closed pool
 		t.owned.Close()
 	}
+}
+
+// check is ErrClosed, for op, once Close has been called; else nil.
+func (t *Transport) check(op string) error {
+	if t.closed.Load() {
+		return fmt.Errorf("%s: %w", op, pgtransport.ErrClosed)
+	}
+	return nil
 }
 
 // Publish appends event to group's FIFO and returns its seq. A new group gets
 // priority (0-4); an existing one keeps its priority and any live lease. One
 // round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): the message may have been appended;
+// publishing it again may add a second copy.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
+	if err := t.check("publish"); err != nil {
+		return 0, err
+	}
 	return t.core.Publish(ctx, group, event, priority)
 }
 
@@ -73,7 +95,13 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 // message that creates its group gives it its priority. A batch is 1 to
 // pgtransport.MaxBatch messages; one bad message refuses the whole batch
 // with a typed error naming it, and nothing is written.
+//
+// A lost reply (ErrOutcomeUnknown): the whole batch was appended, or none
+// of it; publishing it again may add a second copy of each.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	if err := t.check("publish"); err != nil {
+		return nil, err
+	}
 	return t.core.PublishMany(ctx, msgs)
 }
 
@@ -81,21 +109,41 @@ func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message)
 // or rolls back with the caller's own writes, and is invisible to claims
 // until then.
 func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
+	if err := t.check("publish"); err != nil {
+		return 0, err
+	}
 	return t.core.PublishTx(ctx, tx, group, event, priority)
 }
 
 // Claim leases the claimable group (priority >= minPriority) that was served
-// longest ago and returns its head, held for visibility. It returns nil, nil
-// when nothing is claimable; it does not wait for work (ClaimWait does).
-// One round-trip.
+// longest ago and returns its head, held for visibility (at least
+// pgtransport.MinVisibility, as for every method that takes one). It
+// returns nil, nil when nothing is claimable; it does not wait for work
+// (ClaimWait does). One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): a group may have been leased to a token
+// nobody holds; it comes back after visibility.
 func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	if err := t.check("claim"); err != nil {
+		return nil, err
+	}
 	return t.core.Claim(ctx, workerID, visibility, minPriority)
 }
 
 // Ack deletes the lease's message and frees its group for the next claim (or
 // deletes the group's row when it has no message left). ErrLeaseLost if the
 // lease no longer holds. One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown, wrapping the connection's or ctx's
+// error): the message was deleted, or nothing changed and the lease holds
+// as before (its message comes back after the lease's end unless settled).
+// Acking again tells which while the lease holds: nil if the first ack had
+// not applied (this one did); ErrLeaseLost if it had, or if the lease
+// lapsed meanwhile and another worker took the group.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
+	if err := t.check("ack"); err != nil {
+		return err
+	}
 	return t.core.Ack(ctx, lease)
 }
 
@@ -106,7 +154,12 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
 // among claimable groups runs out, and at most every Config.IdleSweep (new
 // work from other processes is found then; async streams wake on
 // notifications instead).
+//
+// A lost reply (ErrOutcomeUnknown): as Claim.
 func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	if err := t.check("claim"); err != nil {
+		return nil, err
+	}
 	return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
 }
 
@@ -114,14 +167,30 @@ func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility t
 // in one round-trip and returns the head of each, served longest ago
 // first; empty when nothing is claimable. The leases share one token; each
 // is fenced on its own group.
+//
+// A lost reply (ErrOutcomeUnknown): up to max groups may have been leased
+// to a token nobody holds; they come back after visibility.
 func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) ([]*pgtransport.Lease, error) {
+	if err := t.check("claim"); err != nil {
+		return nil, err
+	}
 	return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
 }
 
 // AckMany settles leases in one round-trip, each fenced on its own token.
 // The result has an entry per lease: nil, or ErrLeaseLost where that lease
 // no longer held (nothing changed for it). The error is for the call.
+//
+// A lost reply (ErrOutcomeUnknown, and ctx's error too when ctx ended while
+// it ran, as with a deadline that fires after the commit): no per-lease
+// result; the round-trip applied whole or not at all, so either every
+// lease that held was acked (its message deleted) or nothing changed and
+// each holds as before. AckMany again tells which for each lease while the
+// leases hold, as Ack does.
 func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error) {
+	if err := t.check("ack"); err != nil {
+		return nil, err
+	}
 	return t.core.AckMany(ctx, leases)
 }
 
@@ -131,7 +200,14 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([
 // with no claim in between. Otherwise it returns nil and the group is
 // freed for the round-robin. ErrLeaseLost if the lease no longer held. One
 // round-trip: a hot group is served at one round-trip per message.
+//
+// A lost reply (ErrOutcomeUnknown): as Ack, except that an ack that kept the
+// group is safe to repeat: AckNext again with the same lease returns the
+// same next message, under the same lease, as long as it holds.
 func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
+	if err := t.check("ack"); err != nil {
+		return nil, err
+	}
 	return t.core.AckNext(ctx, lease, visibility)
 }
 
@@ -139,12 +215,25 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 // group until now+delay (the message stays its head; the token still holds
 // it); delay == 0 frees it at once, first in line. ErrLeaseLost if the lease
 // no longer holds. One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): the group was given back (parked or
+// freed), or nothing changed and the lease holds as before; Nack again
+// tells which while it holds (nil: this one gave it back).
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) error {
+	if err := t.check("nack"); err != nil {
+		return err
+	}
 	return t.core.Nack(ctx, lease, delay)
 }
 
 // Extend makes the lease hold until now+visibility, for handlers that run
 // long. ErrLeaseLost if the lease no longer holds. One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): the lease holds until now+visibility,
+// or nothing changed; Extend again (nil: it holds until then).
 func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) error {
+	if err := t.check("extend"); err != nil {
+		return err
+	}
 	return t.core.Extend(ctx, lease, visibility)
 }

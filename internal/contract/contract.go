@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
@@ -62,6 +62,12 @@ type env struct {
 	clock *Clock
 	db    *pgtest.DB
 	open  func() Transport // another transport on the same schema and clock
+	// openOn opens another transport on the same schema and clock, on
+	// pool (one through a pgtest.Proxy, say).
+	openOn func(pool *pgxpool.Pool) Transport
+	// openDB opens a transport on another test database (its schema
+	// loaded as the case needs), with the same clock.
+	openDB func(db *pgtest.DB) Transport
 }
 
 func (e *env) ctx() context.Context {
@@ -106,30 +112,6 @@ func (e *env) count(query string, args ...any) int {
 	return n
 }
 
-// waitParked waits until a ClaimWait on the test's schema has found
-// nothing and parked: its connection has finished the wait statement that
-// follows the empty claim (the ticket that a publish wakes is taken before
-// that claim). It watches from a connection of its own, so that no query of
-// its own replaces the pool connection's last statement in pg_stat_activity.
-func (e *env) waitParked() {
-	e.t.Helper()
-	watch := e.db.Conn(e.t)
-	wait := pgx.Identifier{e.db.Schema}.Sanitize() + ".harel_wait("
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var parked bool
-		err := watch.QueryRow(e.ctx(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'idle' AND strpos(query, $1) > 0)`, wait).Scan(&parked)
-		if err != nil {
-			e.t.Fatalf("pg_stat_activity: %v", err)
-		}
-		if parked {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatal("ClaimWait never parked")
-		}
-	}
-}
-
 func (e *env) rows() (messages, groups int) {
 	return e.count(`SELECT count(*) FROM transport_messages`), e.count(`SELECT count(*) FROM transport_groups`)
 }
@@ -156,6 +138,10 @@ func Run(t *testing.T, open Open) {
 			cfg := pgtransport.Config{Schema: db.Schema, Clock: clock.Now}
 			e := &env{t: t, clock: clock, db: db}
 			e.open = func() Transport { return open(t, db.Pool, cfg) }
+			e.openOn = func(pool *pgxpool.Pool) Transport { return open(t, pool, cfg) }
+			e.openDB = func(other *pgtest.DB) Transport {
+				return open(t, other.Pool, pgtransport.Config{Schema: other.Schema, Clock: clock.Now})
+			}
 			e.tr = e.open()
 			tc.run(is, e)
 		})
@@ -555,7 +541,7 @@ var cases = []testCase{
 			}
 			got <- l
 		}()
-		e.waitParked()
+		e.db.WaitParked(e.t)
 		e.publish("g", "e", 0)
 		select {
 		case l := <-got:

@@ -68,16 +68,15 @@ func (c *Core) ClaimMany(ctx context.Context, workerID string, visibility time.D
 // Settled is what an ack in a batch came to.
 type Settled struct {
 	Lease *pgtransport.Lease
-	Err   error              // nil, or ErrLeaseLost: the lease no longer held (nothing changed for it)
+	Err   error              // nil, or ErrLeaseLost (the lease no longer held: nothing changed for it)
 	Next  *pgtransport.Lease // the group's next head under the same lease, if it was kept
 }
 
 // settleOnlyVisibility is the visibility AckMany hands to Exchange. Such
 // an exchange keeps no group and claims none, so no lease is given this
 // length and the value is never written: it only has to pass the
-// visibility check. Any positive duration would do; a second reads as the
-// placeholder it is.
-const settleOnlyVisibility = time.Second
+// visibility check, which the shortest allowed does.
+const settleOnlyVisibility = pgtransport.MinVisibility
 
 // AckMany acks leases in one round-trip, each fenced on its own token, and
 // frees every group it acked in (none is kept). The result has an entry
@@ -140,6 +139,7 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 	if limit > 0 {
 		token = NewToken(workerID)
 	}
+	sent := time.Now()
 	rows, err := c.db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps)
 	if err != nil {
 		return nil, nil, mapErr("exchange", err)
@@ -155,9 +155,9 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 			held        bool
 			seq         *int64
 			event       *string
-			expiry      float64
 		)
-		if err := rows.Scan(&kind, &group, &held, &seq, &event, &expiry); err != nil {
+		// nil: the lease end by the server's clock; Expiry is localExpiry.
+		if err := rows.Scan(&kind, &group, &held, &seq, &event, nil); err != nil {
 			return nil, nil, mapErr("exchange", err)
 		}
 		switch kind {
@@ -167,16 +167,17 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 				return nil, nil, fmt.Errorf("exchange: more results than acks")
 			}
 			s := Settled{Lease: acks[i]}
-			if !held {
+			switch {
+			case !held:
 				s.Err = pgtransport.ErrLeaseLost
-			} else if seq != nil {
+			case seq != nil:
 				l := *acks[i]
-				l.Seq, l.Event, l.Expiry, l.Kept = *seq, *event, fromEpoch(expiry), acks[i].Kept+1
+				l.Seq, l.Event, l.Expiry, l.Kept = *seq, *event, localExpiry(sent, visibility), acks[i].Kept+1
 				s.Next = &l
 			}
 			settled = append(settled, s)
 		case "c":
-			claimed = append(claimed, &pgtransport.Lease{Group: group, Seq: *seq, Event: *event, Token: token, Expiry: fromEpoch(expiry)})
+			claimed = append(claimed, &pgtransport.Lease{Group: group, Seq: *seq, Event: *event, Token: token, Expiry: localExpiry(sent, visibility)})
 		}
 	}
 	if err := rows.Err(); err != nil {

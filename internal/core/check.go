@@ -57,8 +57,8 @@ func checkPriority(p int) error {
 }
 
 func checkVisibility(d time.Duration) error {
-	if d <= 0 {
-		return fmt.Errorf("%w: %v, want > 0", pgtransport.ErrInvalidVisibility, d)
+	if d < pgtransport.MinVisibility {
+		return fmt.Errorf("%w: %v, want at least %v", pgtransport.ErrInvalidVisibility, d, pgtransport.MinVisibility)
 	}
 	return nil
 }
@@ -70,12 +70,19 @@ func checkDelay(d time.Duration) error {
 	return nil
 }
 
+// checkLease checks a lease to settle. Not by the publish-side group rule
+// (checkGroup): a lease the database issued is always settled, even one of
+// a group published before the schema enforced that rule (version 9) or
+// by a client that ignored it, else such a group would stay blocked. Only
+// a group id no database can issue is refused, as a lease that does not
+// exist: PostgreSQL text never holds a NUL byte. (Invalid UTF-8 is left
+// to the server: a SQL_ASCII database can hold it.)
 func checkLease(l *pgtransport.Lease) error {
 	if l == nil {
 		return pgtransport.ErrNilLease
 	}
-	if err := checkGroup(l.Group); err != nil {
-		return err
+	if strings.ContainsRune(l.Group, 0) {
+		return fmt.Errorf("%w: a group id with a NUL byte, which no database holds", pgtransport.ErrLeaseLost)
 	}
 	if l.Token == "" || !checkText(l.Token) {
 		return fmt.Errorf("%w: lease has no valid token", pgtransport.ErrLeaseLost)

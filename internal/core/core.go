@@ -10,12 +10,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"math"
 	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/schema"
@@ -55,7 +55,7 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 			return nil, mapErr("apply schema", err)
 		}
 	}
-	q := newStatements(cfg.Schema)
+	q := newStatements(cfg.Schema, cfg.Clock != nil)
 	if _, inTx := db.(pgx.Tx); inTx {
 		q.claim = q.claimInTx // a caller's transaction keeps its own commit mode
 	}
@@ -96,11 +96,6 @@ func (c *Core) now() *float64 {
 }
 
 func epoch(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
-
-func fromEpoch(s float64) time.Time {
-	sec, frac := math.Modf(s)
-	return time.Unix(int64(sec), int64(frac*1e9))
-}
 
 // Publish appends event to group, readying the group with priority if it
 // is new, and wakes one parked caller.
@@ -147,20 +142,26 @@ func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Durat
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	token := NewToken(workerID)
-	var (
-		l      = pgtransport.Lease{Token: token}
-		expiry float64
-	)
+	l := pgtransport.Lease{Token: token}
+	sent := time.Now()
 	err := c.db.QueryRow(ctx, c.q.claim, c.now(), visibility.Seconds(), token, minPriority).
-		Scan(&l.Group, &l.Seq, &l.Event, &expiry)
+		Scan(&l.Group, &l.Seq, &l.Event, nil) // nil: the lease end by the server's clock, see localExpiry
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, mapErr("claim", err)
 	}
-	l.Expiry = fromEpoch(expiry)
+	l.Expiry = localExpiry(sent, visibility)
 	return &l, nil
+}
+
+// localExpiry is Lease.Expiry for a lease of visibility asked for at sent,
+// by this process's clock. The server ends the lease visibility after the
+// statement reaches it, which is after sent: so this is never later than
+// the real end, however far the server's clock is from this one.
+func localExpiry(sent time.Time, visibility time.Duration) time.Time {
+	return sent.Add(visibility)
 }
 
 // Ack deletes the lease's message and frees its group, waking one parked
@@ -253,16 +254,45 @@ func (c *Core) fenced(ctx context.Context, op, sql string, args ...any) error {
 // mapErr maps PostgreSQL error codes to the package's sentinels, keeping the
 // original error in the chain.
 func mapErr(op string, err error) error {
+	if errors.Is(err, puddle.ErrClosedPool) {
+		// The pool under the transport was closed (by the transport's
+		// Close, or by its owner): the call never reached the server.
+		return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrClosed, err)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "42883", "42P01", "3F000": // undefined_function, undefined_table, invalid_schema_name
 			return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrSchemaMissing, err)
-		case "23514": // check_violation: the priority CHECK
+		case "23514": // check_violation: the group-id rule (009_hardening.sql) or the priority CHECK
+			if pgErr.ConstraintName == groupIDConstraint {
+				return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrInvalidGroup, err)
+			}
 			return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrInvalidPriority, err)
 		}
+		if sentinel := refusals[pgErr.Code]; sentinel != nil {
+			return fmt.Errorf("%s: %w: %w", op, sentinel, err)
+		}
+	}
+	if pgErr == nil && mayHaveApplied(err) { // see outcome.go
+		return fmt.Errorf("%s: %w: %w", op, pgtransport.ErrOutcomeUnknown, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// groupIDConstraint is the CHECK that holds every message's group id to
+// the rule checkGroup applies (schema/sql/009_hardening.sql).
+const groupIDConstraint = "transport_messages_group_id_valid"
+
+// refusals maps the functions' own SQLSTATEs (class PT, see "Entry
+// checks" in schema/sql/functions.sql) to sentinels. The Go calls check
+// their arguments first, so most of these reach a Go caller only through
+// a hand-made Lease or a caller's own settings.
+var refusals = map[string]error{
+	"PT002": pgtransport.ErrInvalidWorkerID,   // a NULL or empty lease token (workerID:uuid in Go)
+	"PT003": pgtransport.ErrInvalidVisibility, // a lease or park end that is NULL or not after now
+	"PT004": pgtransport.ErrInvalidDelay,      // a NULL or negative nack delay
+	"PT005": pgtransport.ErrClockSkew,         // now too far from the server's clock
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

@@ -152,7 +152,7 @@ func (r *rig) handle(worker string, l *pgtransport.Lease, vis time.Duration, ack
 func TestFaults(t *testing.T) {
 	n := scale(t)
 	r := newRig(t)
-	const vis = 300 * time.Millisecond
+	const vis = pgtransport.MinVisibility // the shortest lease, so lapses come often in a short run
 	var (
 		groups   = 2000 * n
 		duration = time.Duration(n) * 6 * time.Second

@@ -1,0 +1,197 @@
+package contract
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+)
+
+// The lifecycle cases join the table Run runs.
+func init() { cases = append(cases, lifecycleCases...) }
+
+var lifecycleCases = []testCase{
+	// Lease.Expiry is by this process's clock, even when the clock the
+	// statements use (here the injected one, standing for the server's)
+	// is an hour off: time.Until(Expiry) is the time the lease has left.
+	{"ExpiryIsByTheLocalClock", func(is *is.I, e *env) {
+		const vis = time.Minute
+		within := func(l *pgtransport.Lease, what string) {
+			e.t.Helper()
+			left := time.Until(l.Expiry)
+			if left <= 0 || left > vis {
+				e.t.Errorf("%s: time.Until(Expiry) = %v, want within (0, %v]", what, left, vis)
+			}
+		}
+		for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+			e.clock.Advance(time.Now().Add(skew).Sub(e.clock.Now())) // the "server" is skew off
+			e.publish("a", "a1", 0)
+			e.publish("a", "a2", 0)
+			e.publish("b", "b1", 0)
+			e.publish("c", "c1", 0)
+
+			l, err := e.tr.Claim(e.ctx(), "w", vis, 0)
+			is.NoErr(err)
+			within(l, "Claim")
+			next, err := e.tr.AckNext(e.ctx(), l, vis)
+			is.NoErr(err)
+			is.True(next != nil) // a2 under the same lease
+			within(next, "AckNext")
+			is.NoErr(e.tr.Ack(e.ctx(), next))
+
+			many, err := e.tr.ClaimMany(e.ctx(), "w", vis, 0, 1)
+			is.NoErr(err)
+			is.Equal(len(many), 1)
+			within(many[0], "ClaimMany")
+			is.NoErr(e.tr.Ack(e.ctx(), many[0]))
+
+			waited, err := e.tr.ClaimWait(e.ctx(), "w", vis, 0)
+			is.NoErr(err)
+			within(waited, "ClaimWait")
+			is.NoErr(e.tr.Ack(e.ctx(), waited))
+			m, g := e.rows()
+			is.Equal(m+g, 0) // all settled
+		}
+	}},
+
+	// A visibility below MinVisibility is refused by every method that
+	// takes one, before anything is sent; MinVisibility itself is accepted.
+	{"VisibilityBelowFloorIsRefused", func(is *is.I, e *env) {
+		e.publish("g", "g1", 0)
+		e.publish("g", "g2", 0)
+		lease := e.claim("w", 0)
+		for _, vis := range []time.Duration{time.Nanosecond, time.Millisecond, pgtransport.MinVisibility - time.Nanosecond} {
+			calls := map[string]func() error{
+				"Claim": claimErr(e, context.Background(), "w", vis, 0),
+				"ClaimMany": func() error {
+					_, err := e.tr.ClaimMany(e.ctx(), "w", vis, 0, 10)
+					return err
+				},
+				"ClaimWait": func() error { // accepted, it would wait for work: fail fast
+					ctx, cancel := context.WithTimeout(e.ctx(), 5*time.Second)
+					defer cancel()
+					_, err := e.tr.ClaimWait(ctx, "w", vis, 0)
+					return err
+				},
+				"AckNext": func() error {
+					_, err := e.tr.AckNext(e.ctx(), lease, vis)
+					return err
+				},
+				"Extend": func() error { return e.tr.Extend(e.ctx(), lease, vis) },
+			}
+			for name, call := range calls {
+				if err := call(); !errors.Is(err, pgtransport.ErrInvalidVisibility) {
+					e.t.Errorf("%s with visibility %v: got %v, want ErrInvalidVisibility", name, vis, err)
+				}
+			}
+		}
+		m, g := e.rows()
+		is.Equal(m, 2) // nothing acked
+		is.Equal(g, 1)
+		is.NoErr(e.tr.Extend(e.ctx(), lease, pgtransport.MinVisibility)) // the floor itself is fine
+		next, err := e.tr.AckNext(e.ctx(), lease, pgtransport.MinVisibility)
+		is.NoErr(err)
+		is.Equal(next.Event, "g2") // the lease still held, and moved on
+		is.NoErr(e.tr.Ack(e.ctx(), next))
+	}},
+}
+
+// Closer is a transport under test that can be closed.
+type Closer interface {
+	Transport
+	PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error)
+	Close()
+}
+
+// RunClosed checks that every method returns ErrClosed after Close, both
+// for a transport made with New on the caller's pool (the pool stays
+// open) and for one made with FromDSN (it owns its pool and closes it),
+// and that a transport whose pool its owner closed answers ErrClosed too.
+func RunClosed(t *testing.T, open func(t *testing.T, db *pgxpool.Pool, cfg pgtransport.Config) Closer, fromDSN func(t *testing.T, dsn string, cfg pgtransport.Config) Closer) {
+	t.Run("New", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, 8)
+		tr := open(t, db.Pool, pgtransport.Config{Schema: db.Schema})
+		afterClose(t, db, tr)
+		is := is.New(t)
+		is.NoErr(db.Pool.Ping(pgtest.Context(t))) // the caller's pool is still open
+	})
+	t.Run("FromDSN", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, 8)
+		afterClose(t, db, fromDSN(t, pgtest.DSN(t), pgtransport.Config{Schema: db.Schema}))
+	})
+	t.Run("PoolClosedByItsOwner", func(t *testing.T) {
+		t.Parallel()
+		is := is.New(t)
+		db := pgtest.New(t, 8)
+		pool, err := pgxpool.New(pgtest.Context(t), pgtest.DSN(t))
+		is.NoErr(err) // a pool of the caller's
+		tr := open(t, pool, pgtransport.Config{Schema: db.Schema})
+		t.Cleanup(tr.Close)
+		pool.Close()
+		_, err = tr.Publish(pgtest.Context(t), "g", "e", 0)
+		is.True(errors.Is(err, pgtransport.ErrClosed)) // not pgxpool's "closed pool" alone
+		_, err = tr.Claim(pgtest.Context(t), "w", time.Minute, 0)
+		is.True(errors.Is(err, pgtransport.ErrClosed))
+	})
+}
+
+// afterClose closes tr, which holds a lease of one of two messages, and
+// calls every method: each returns ErrClosed and writes nothing.
+func afterClose(t *testing.T, db *pgtest.DB, tr Closer) {
+	is := is.New(t)
+	ctx := pgtest.Context(t)
+	_, err := tr.Publish(ctx, "g", "g1", 0)
+	is.NoErr(err)
+	_, err = tr.Publish(ctx, "g", "g2", 0)
+	is.NoErr(err)
+	lease, err := tr.Claim(ctx, "w", time.Minute, 0)
+	is.NoErr(err)
+	is.True(lease != nil)
+	tr.Close()
+	// A short deadline: a call that does not know it is closed (ClaimWait
+	// would wait for work) fails the test by its error, not by hanging.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tx, err := db.Pool.Begin(ctx)
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	calls := map[string]func() error{
+		"Publish": func() error { _, err := tr.Publish(ctx, "h", "x", 0); return err },
+		"PublishMany": func() error {
+			_, err := tr.PublishMany(ctx, []pgtransport.Message{{Group: "h", Event: "x"}})
+			return err
+		},
+		"PublishTx": func() error { _, err := tr.PublishTx(ctx, tx, "h", "x", 0); return err },
+		"Claim":     func() error { _, err := tr.Claim(ctx, "w", time.Minute, 0); return err },
+		"ClaimMany": func() error { _, err := tr.ClaimMany(ctx, "w", time.Minute, 0, 10); return err },
+		"ClaimWait": func() error { _, err := tr.ClaimWait(ctx, "w", time.Minute, 0); return err },
+		"Ack":       func() error { return tr.Ack(ctx, lease) },
+		"AckMany": func() error {
+			_, err := tr.AckMany(ctx, []*pgtransport.Lease{lease})
+			return err
+		},
+		"AckNext": func() error { _, err := tr.AckNext(ctx, lease, time.Minute); return err },
+		"Nack":    func() error { return tr.Nack(ctx, lease, 0) },
+		"Extend":  func() error { return tr.Extend(ctx, lease, time.Minute) },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, pgtransport.ErrClosed) {
+			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
+		}
+	}
+	is.NoErr(tx.Commit(ctx)) // the PublishTx wrote nothing into it
+	var messages, held int
+	is.NoErr(db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups WHERE locked_by = $1)`, lease.Token).Scan(&messages, &held))
+	is.Equal(messages, 2) // nothing published, acked or
+	is.Equal(held, 1)     // given back
+	tr.Close()            // twice is fine
+}
