@@ -47,7 +47,10 @@
 //     holder's ack is ErrLeaseLost;
 //   - an async Stream claimed it and nobody received it from the stream's
 //     channel within half the visibility, or the stream stopped first: at
-//     once (nack with no delay).
+//     once (nack with no delay). The stream then claims nothing until a
+//     receiver takes a lease from its channel or settles one (after
+//     min(Config.IdleSweep, half the visibility) with an empty channel, one
+//     lease at a time), so other consumers get the groups it gave back.
 //
 // Fencing. A lease is its token (workerID:uuid) on its group. Ack, AckNext,
 // AckMany, Nack and Extend act only while that token still holds the
@@ -55,6 +58,22 @@
 // nothing. A lease past its expiry still holds until another claim takes
 // the group. An ack of a message already acked (a second ack, or an ack of
 // a kept lease's earlier message) is ErrLeaseLost too.
+//
+// Lost replies. A call whose request reached the database but whose reply
+// was lost (the connection broke after the commit, or ctx ended while it
+// ran) returns an error that errors.Is ErrOutcomeUnknown, never
+// ErrLeaseLost: each round-trip is one transaction, so it applied whole or
+// not at all, and each method's doc says what the caller may assume. A
+// publish may have appended its messages (publishing again may add
+// copies); a claim may have leased groups nobody holds (they come back
+// after the visibility); an ack, nack or extend either applied or left
+// the lease as it was, and repeating it while the lease holds tells which.
+// A Stream resolves its own acks: after a lost reply it retries them, and
+// answers nil for an ack whose message is gone while its lease could not
+// have lapsed (only the group's holder deletes messages), ErrLeaseLost only
+// for one whose message is still queued, and ErrOutcomeUnknown otherwise
+// (the message is not queued any more). An ack the database refuses for
+// good is answered that error alone: no lease can stop a stream.
 //
 // Round-robin. A claim takes the claimable group served longest ago;
 // groups never served, and groups nacked with no delay, come first. An ack
@@ -77,7 +96,9 @@
 // No claim waits for work except sync ClaimWait, async ClaimWait and a
 // Stream: Claim and ClaimMany return nothing (nil, or an empty slice) when
 // nothing is claimable. Idle ClaimWait callers and idle streams do not poll:
-// an ack, nack or publish through the same Transport wakes one of them;
+// an ack, nack or publish through the same Transport wakes one of them per
+// group it may have made claimable (PublishTx none: its message is
+// invisible until the caller commits; internal/core/wake.go has the rule);
 // otherwise they look again when the earliest lease or park they saw runs
 // out, and at least every Config.IdleSweep (work freed by another process
 // is found then). Idle streams also wake on a notification of a new group
