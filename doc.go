@@ -56,8 +56,10 @@
 // AckMany, Nack and Extend act only while that token still holds the
 // group; otherwise they return ErrLeaseLost (AckMany per lease) and change
 // nothing. A lease past its expiry still holds until another claim takes
-// the group. An ack of a message already acked (a second ack, or an ack of
-// a kept lease's earlier message) is ErrLeaseLost too.
+// the group. An Ack or AckMany of a message already acked (a second ack,
+// or an ack of a kept lease's earlier message) is ErrLeaseLost too; an
+// AckNext of a kept lease's earlier message is taken as the retry of the
+// AckNext that kept it and returns the same next message.
 //
 // Lost replies. A call whose request reached the database but whose reply
 // was lost (the connection broke after the commit, or ctx ended while it

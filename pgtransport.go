@@ -87,7 +87,12 @@ var (
 	// connection error, or ctx's error). Each method's doc says what the caller may
 	// assume. In short: the call's transaction either committed whole or
 	// not at all, and a lease it concerns is never held for good (it
-	// lapses after its visibility at the latest).
+	// lapses after its visibility at the latest). It errs on the safe side:
+	// a ctx that ended while the call waited for a pool connection also
+	// reports it (pgx tells that apart from a ctx that ended mid-call only
+	// by its place, not its error), and so does a call inside a caller's
+	// transaction (PublishTx, or a Transport on a pgx.Tx), where a lost
+	// connection means the transaction is gone and nothing of it applied.
 	ErrOutcomeUnknown = errors.New("pgtransport: outcome unknown")
 )
 

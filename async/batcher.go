@@ -1,6 +1,11 @@
 package async
 
-import "github.com/pgtransport/pgtransport"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pgtransport/pgtransport"
+)
 
 // ackBatcher collects the acks a stream's receivers send between its
 // round-trips. Receivers add acks from any goroutine; the stream's loop
@@ -87,10 +92,21 @@ func (b *ackBatcher) close() []ackRequest {
 }
 
 // answer delivers err to every ack of acks.
+// answer gives each ack err, and says so where an earlier attempt lost its
+// reply: that attempt may have applied, whatever this one met.
 func answer(acks []ackRequest, err error) {
 	for _, a := range acks {
-		a.done <- err
+		a.done <- doubted(a, err)
 	}
+}
+
+// doubted is err for an ack, wrapped in ErrOutcomeUnknown if the ack is in
+// doubt and err does not say so already.
+func doubted(a ackRequest, err error) error {
+	if err == nil || !a.doubt || errors.Is(err, pgtransport.ErrOutcomeUnknown) {
+		return err
+	}
+	return fmt.Errorf("%w: an earlier attempt lost its reply: %w", pgtransport.ErrOutcomeUnknown, err)
 }
 
 func leasesOf(acks []ackRequest) []*pgtransport.Lease {

@@ -22,13 +22,14 @@ type gate struct {
 	inC   int       // leases in C since it shut: there then, and put since
 	gone  int       // the ledger's dropped leases when it shut
 	probe time.Time // from then, with C empty, one lease at a time
+	wait  time.Duration
 }
 
 // close shuts the gate at now, after a give-back that left inC leases in
 // C and the ledger at gone dropped leases; a receiver waiting on an empty
 // C is probed for after wait.
 func (g *gate) close(now time.Time, inC, gone int, wait time.Duration) {
-	*g = gate{shut: true, inC: inC, gone: gone, probe: now.Add(wait)}
+	*g = gate{shut: true, inC: inC, gone: gone, probe: now.Add(wait), wait: wait}
 }
 
 // put records n leases put in C.
@@ -53,10 +54,15 @@ func (g *gate) limit(free, lenC, gone int, now time.Time) int {
 	return 0
 }
 
-// wakeAt is when the loop must look again, to probe: zero if it need not.
-func (g *gate) wakeAt(lenC int) time.Time {
-	if !g.shut || lenC > 0 {
+// wakeAt is when the loop must look again, at now: with C empty, to
+// probe; with leases in C, every wait, to see whether a receiver took one
+// (taking from C wakes nothing); zero if the gate is open.
+func (g *gate) wakeAt(lenC int, now time.Time) time.Time {
+	switch {
+	case !g.shut:
 		return time.Time{}
+	case lenC > 0:
+		return now.Add(g.wait)
 	}
 	return g.probe
 }

@@ -240,19 +240,34 @@ func TestGate(t *testing.T) {
 	is := is.New(t)
 	var g gate
 	is.Equal(g.limit(4, 0, 0, t0), 4) // open: every free slot
+	is.True(g.wakeAt(0, t0).IsZero()) // and no wake-up of its own
 	g.close(t0, 2, 10, time.Second)   // two left in C, ten dropped so far
 	is.Equal(g.limit(4, 2, 10, t0), 0)
-	is.True(g.wakeAt(2).IsZero()) // C not empty: no probe
+	is.Equal(g.wakeAt(2, t0), t0.Add(time.Second)) // C not empty: look again then, for a receiver's take
 	g.put(1)
 	is.Equal(g.limit(4, 3, 10, t0), 0)                  // what we put is no sign of a receiver
 	is.Equal(g.limit(4, 2, 10, t0), 4)                  // one taken out of C: open
 	g.close(t0, 0, 10, time.Second)                     // C empty
-	is.Equal(g.wakeAt(0), t0.Add(time.Second))          // a probe is due then
+	is.Equal(g.wakeAt(0, t0), t0.Add(time.Second))      // a probe is due then
 	is.Equal(g.limit(4, 0, 10, t0), 0)                  // not yet
 	is.Equal(g.limit(4, 0, 10, t0.Add(time.Second)), 1) // one at a time
 	g.put(1)
 	is.Equal(g.limit(4, 1, 10, t0.Add(2*time.Second)), 0) // the probe waits in C
 	is.Equal(g.limit(4, 1, 11, t0.Add(2*time.Second)), 4) // a lease settled: open
+}
+
+// TestAnswerInDoubt: an ack whose earlier attempt lost its reply is never
+// answered a plain error (it may have applied), nor one that says lost.
+func TestAnswerInDoubt(t *testing.T) {
+	is := is.New(t)
+	plain := ackRequest{done: make(chan error, 1)}
+	doubt := ackRequest{done: make(chan error, 1), doubt: true}
+	refused := errors.New("refused")
+	answer([]ackRequest{plain, doubt}, refused)
+	is.Equal(<-plain.done, refused)                                 // as it came
+	is.True(errors.Is(<-doubt.done, pgtransport.ErrOutcomeUnknown)) // in doubt, said so
+	answer([]ackRequest{doubt}, nil)
+	is.NoErr(<-doubt.done) // settled is settled
 }
 
 func TestIdleState(t *testing.T) {

@@ -415,7 +415,7 @@ func (s *Stream) untilDeadline() time.Duration {
 	defer s.mu.Unlock()
 	now := time.Now()
 	next := s.ledger.nextDeadline(now)
-	if probe := s.gate.wakeAt(len(s.out)); probe.After(now) {
+	if probe := s.gate.wakeAt(len(s.out), now); probe.After(now) {
 		next = minTime(next, probe)
 	}
 	return max(next.Sub(now), 0)

@@ -271,6 +271,10 @@ func TestClockBound(t *testing.T) {
 	_, err = c.Exec(ctx(t), `SET pgtransport.max_clock_skew = 7200`)
 	is.NoErr(err)
 	is.Equal(claim(3600), "")
+	_, err = c.Exec(ctx(t), `SET pgtransport.max_clock_skew = '1 min'`)
+	is.NoErr(err)
+	is.Equal(claim(30), "")      // an interval reads as one
+	is.Equal(claim(90), "PT005") // and bounds as one
 	_, err = c.Exec(ctx(t), `SET pgtransport.max_clock_skew = 'off'`)
 	is.NoErr(err)
 	is.Equal(claim(-1e9), "") // none at all

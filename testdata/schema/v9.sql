@@ -353,9 +353,10 @@ CREATE TRIGGER transport_messages_hold_group
 --   PT005 clock skew: p_now farther from the server's clock than the
 --     bound. A caller an hour fast took every held lease; an hour slow,
 --     kept leases that had lapsed.
--- The bound is the setting pgtransport.max_clock_skew, in seconds, read at
--- each call (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for
--- many): unset or empty, 10; 'off', none. Ten seconds is far beyond what
+-- The bound is the setting pgtransport.max_clock_skew, read at each call
+-- (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for many): a
+-- number of seconds or any interval ('2.5', '1 min'); unset or empty,
+-- 10 s; 'off', none. Ten seconds is far beyond what
 -- NTP keeps hosts to (milliseconds) and leaves room for what may pass
 -- between a client reading its clock and the call running (a pooler's
 -- queue, a pause), while a fast clock can take a lease no more than 10 s
@@ -376,7 +377,7 @@ AS $$ SELECT abs(p_now - date_part('epoch', clock_timestamp())) >
              CASE COALESCE(current_setting('pgtransport.max_clock_skew', true), '')
                  WHEN '' THEN 10::float8
                  WHEN 'off' THEN 'Infinity'::float8
-                 ELSE current_setting('pgtransport.max_clock_skew', true)::float8
+                 ELSE extract(epoch FROM current_setting('pgtransport.max_clock_skew', true)::interval)::float8
              END $$;
 
 
@@ -672,8 +673,6 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$
-DECLARE
-    v_next BIGINT; -- the group's first message but p_seq: its head after this ack
 BEGIN
     IF harel_clock_skewed(p_now) THEN
         RAISE EXCEPTION 'harel_ack: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
@@ -683,9 +682,8 @@ BEGIN
     -- publisher mid-transaction on the group (it holds the group's lock,
     -- shared; see harel_hold_group)? Then the fence deletes the row: the
     -- DELETE runs after the try-lock, so it sees every message committed
-    -- before it. (An assignment, not SELECT INTO: it leaves FOUND false.)
-    v_next := (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq ORDER BY m.seq LIMIT 1);
-    IF v_next IS NULL
+    -- before it.
+    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
        AND harel_try_guard(p_group) THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = p_group AND g.locked_by = p_token
@@ -854,9 +852,7 @@ $$;
 -- (same token, lock_expiry = p_lease) and that next head is returned in
 -- next_seq/next_event; otherwise the group is freed with lock_expiry =
 -- p_now, or its row deleted when drained (with harel_ack's guard). One row
--- per input, in input order. held false with a next_seq: refused, the
--- message is behind its group's head, next_seq (see harel_exchange). It is
--- harel_exchange without the claim.
+-- per input, in input order. It is harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[],
     p_seqs   BIGINT[],
