@@ -239,11 +239,17 @@ func TestFunctionsRefuseMisuse(t *testing.T) {
 	}
 
 	// An ack of a message behind its group's head, under the token that
-	// holds the group, is not refused (no PT001: see "Entry checks" in
-	// functions.sql): the server cannot tell it from the ack of a message
-	// handed out while a lower seq was uncommitted.
+	// holds the group, is refused (PT001, since version 10: the claim
+	// records what it handed out) and changes nothing; a batch answers it
+	// not held. The ack of the head it was handed is accepted.
+	_, err = c.Exec(ctx(t), `SELECT harel_ack('a', $1, 'w:1', $2)`, a3, now)
+	is.Equal(sqlState(err), "PT001")
+	var held bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT held FROM harel_ack_many('{a}', ARRAY[$1]::bigint[], '{w:1}', '{false}', $2::float8, $2::float8 + 60)`, a3, now).Scan(&held))
+	is.True(!held)
+	is.Equal(tables(t, c), before)
 	var accepted bool
-	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('a', $1, 'w:1', $2)`, a3, now).Scan(&accepted))
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('a', $1, 'w:1', $2)`, seqs[0], now).Scan(&accepted))
 	is.True(accepted)
 }
 

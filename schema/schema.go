@@ -263,7 +263,10 @@ func SQL() string {
 
 // Grants returns the statements that let role work a queue in schema (empty:
 // public) and nothing more: publish, claim, ack, nack, extend, the batch
-// calls and the wake-ups. The role needs no other privilege; it cannot
+// calls, the wake-ups, fail, keyed publish and the dead letters (list,
+// redrive, purge). It may read the queue's retry policy (transport_policy)
+// but not change it: a transport whose Config sets a policy field needs a
+// role that may (the owner). The role needs no other privilege; it cannot
 // change the tables or replace the functions (only their owner, the role
 // that applies the schema, can), and it cannot VACUUM them
 // (Config.Vacuum needs the owner too). Identifiers are quoted. An empty
@@ -280,8 +283,9 @@ func Grants(schema, role string) (string, error) {
 	r := pgx.Identifier{role}.Sanitize()
 	return strings.Join([]string{
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters TO " + r,
-		"GRANT SELECT ON " + s + ".transport_schema_version TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters, " +
+			s + ".transport_dead_letters, " + s + ".transport_dedup TO " + r,
+		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
 	}, ";\n") + ";\n", nil

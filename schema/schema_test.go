@@ -291,7 +291,7 @@ func TestClaimWalksIndex(t *testing.T) {
 	}
 	var pick string
 	for _, p := range *plans {
-		if strings.Contains(p, "UPDATE transport_groups") && strings.Contains(p, "SKIP LOCKED") {
+		if strings.Contains(p, "FROM transport_groups AS c") && strings.Contains(p, "SKIP LOCKED") {
 			pick = p
 		}
 	}

@@ -60,7 +60,9 @@
 -- harel_ack for its one changed result), publish, nack and extend with 2,
 -- the wake-ups with 3, the batch functions with 4, the one-write ack with
 -- 6, the pinned plan settings with 7, this file and the guard helpers
--- with 8, the entry checks (see there) with 9.
+-- with 8, the entry checks (see there) with 9, delivery attempts, fail,
+-- dead letters and keyed publish (see "Claim", "Fail" and "Idempotent
+-- publish") with 10.
 
 
 -- The lost-publish guard. A publish that lands in a group while an ack
@@ -147,13 +149,11 @@ CREATE TRIGGER transport_messages_hold_group
 -- changes a row; the calls the design describes, with sane arguments,
 -- behave as before. Each check is an expression on the arguments and the
 -- server's clock, with no table access of its own.
---   PT001 is not used: an ack of a message that is not its group's head
---     is still accepted. The server does not record which message a claim
---     handed out, and two publishes to one group that overlap make a
---     claim hand out a higher seq while a lower one is uncommitted: that
---     ack is legitimate, and refusing every ack behind the head would
---     refuse it too. Recording the handed-out seq belongs with the claim's
---     own write of the group row (delivery attempts, issue 13).
+--   PT001 not the message handed out (version 10): harel_ack of a seq
+--     other than the one the claim handed to the lease (the group row's
+--     delivered_seq) under a valid token. Until version 10 the server did
+--     not record what a claim handed out; the batch calls answer such an
+--     entry held = false.
 --   PT002 invalid token: a claim with a NULL or empty p_token (a lease no
 --     ack could fence, or none at all).
 --   PT003 invalid lease end: p_lease NULL or not after p_now (a claim, an
@@ -166,6 +166,8 @@ CREATE TRIGGER transport_messages_hold_group
 --   PT005 clock skew: p_now farther from the server's clock than the
 --     bound. A caller an hour fast took every held lease; an hour slow,
 --     kept leases that had lapsed.
+--   PT006 invalid dedup key or window (version 10): a key that is empty
+--     or longer than 256 bytes, a NULL or negative window.
 -- The bound is the setting pgtransport.max_clock_skew, read at each call
 -- (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for many): a
 -- number of seconds or any interval ('2.5', '1 min'); unset or empty,
@@ -262,16 +264,82 @@ $$;
 
 
 -- Claim.
+--
+-- Delivery attempts (version 10). A claim's one write of the group row
+-- also records the message it hands out (delivered_seq) and how many times
+-- it has handed it out (attempts): only a group's head is ever delivered,
+-- so the group row can count for it, and counting costs no write of its
+-- own. Every hand-out counts, whatever ends the lease (an ack, a nack, a
+-- fail, or a lapse: a worker that crashes on a message uses an attempt
+-- each time); harel_release, a give-back of an unused lease, takes its
+-- attempt back. When a claim finds that the head it is about to hand out
+-- again has used the queue's max_attempts (transport_policy), it applies
+-- the queue's choice first (harel_spend): the head moves to
+-- transport_dead_letters and the claim hands out the group's next
+-- message, or the group is stopped and the claim moves on.
+--
+-- A failed message's retry: harel_fail parks its group for the backoff
+-- under no token (locked_by ''). A claim serves such groups whose backoff
+-- has ended before the round-robin (the index transport_groups_retry), so
+-- the retry comes when the backoff ends rather than after a whole round of
+-- the other groups: a poison message holds its group for about its
+-- attempts times the backoff, however deep the backlog. A nack's park (the
+-- caller's delay, under the caller's token) keeps its place in the
+-- round-robin, as before.
+--
+-- The order inside a claim: lock the group rows (FOR NO KEY UPDATE SKIP
+-- LOCKED), read their heads in a statement of its own (a snapshot taken
+-- after the locks, so never a head an earlier holder has just acked), then
+-- lease them by primary key with the head and the count in the same
+-- write. An empty group row is never leased: it is deleted (the
+-- lost-publish guard's try-lock, then a re-check) or freed.
 
--- harel_claim leases the claimable group that was served longest ago (never
--- served first) and returns its head: zero rows when nothing at or above
--- p_min_priority is claimable.
-CREATE OR REPLACE FUNCTION harel_claim(
-    p_now          DOUBLE PRECISION,
-    p_lease        DOUBLE PRECISION,
-    p_token        TEXT,
-    p_min_priority INT DEFAULT 0)
-RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+-- harel_bury moves messages (p_seqs[i] of p_groups[i]) to
+-- transport_dead_letters with their group's priority and attempts and
+-- p_error as the last error (or the message's own, where p_error is
+-- NULL), and returns their groups. The caller holds the group rows.
+CREATE OR REPLACE FUNCTION harel_bury(
+    p_groups TEXT[],
+    p_seqs   BIGINT[],
+    p_error  TEXT)
+RETURNS SETOF TEXT
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    WITH gone AS (
+        DELETE FROM transport_messages AS m
+         USING unnest(p_groups, p_seqs) AS u(gid, s)
+         WHERE m.seq = u.s AND m.group_id = u.gid
+        RETURNING m.seq, m.group_id, m.event, m.published_at, m.last_error
+    ), moved AS (
+        INSERT INTO transport_dead_letters AS d
+               (seq, group_id, event, priority, attempts, last_error, published_at)
+        SELECT x.seq, x.group_id, x.event, COALESCE(g.priority, 0), COALESCE(g.attempts, 0),
+               COALESCE(p_error, x.last_error), x.published_at
+          FROM gone AS x
+          LEFT JOIN transport_groups AS g ON g.group_id = x.group_id
+        RETURNING d.group_id
+    )
+    SELECT m.group_id FROM moved AS m
+$$;
+
+-- harel_spend applies the queue's policy to heads about to be handed out
+-- again (p_heads[i], the head of p_groups[i], held by the caller): those
+-- whose group has handed them out max_attempts times already are
+-- dead-lettered (stopped false) or their groups stopped (stopped true:
+-- locked_by '', which no token matches, lock_expiry 'Infinity', which no
+-- claim reaches, until harel_restart_group). locked_by '' with a finite
+-- lock_expiry is a failed message's backoff (harel_fail): a park no
+-- token holds. A claim refuses an empty token (PT002), so '' is never a
+-- lease's. Returns those groups only; nothing when
+-- max_attempts is 0.
+CREATE OR REPLACE FUNCTION harel_spend(
+    p_groups TEXT[],
+    p_heads  BIGINT[])
+RETURNS TABLE (group_id TEXT, stopped BOOLEAN)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -280,8 +348,62 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_group TEXT;
-    v_held  TEXT[] := '{}';  -- empty groups a publisher still holds: skip this call
+    v_max    INT;
+    v_stop   BOOLEAN;
+    v_groups TEXT[];
+    v_heads  BIGINT[];
+BEGIN
+    SELECT p.max_attempts, p.on_exhausted = 'stop' INTO v_max, v_stop
+      FROM transport_policy AS p WHERE p.id;
+    IF COALESCE(v_max, 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(g.group_id), array_agg(u.s) INTO v_groups, v_heads
+      FROM unnest(p_groups, p_heads) AS u(gid, s)
+      JOIN transport_groups AS g ON g.group_id = u.gid
+     WHERE g.delivered_seq = u.s AND g.attempts >= v_max;
+    IF v_groups IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_stop THEN
+        UPDATE transport_groups AS g
+           SET locked_by = '', lock_expiry = 'Infinity'
+         WHERE g.group_id = ANY (v_groups);
+        RETURN QUERY SELECT u.gid, true FROM unnest(v_groups) AS u(gid);
+    ELSE
+        RETURN QUERY SELECT b, false FROM harel_bury(v_groups, v_heads, NULL) AS b;
+    END IF;
+END
+$$;
+
+-- harel_claim_one leases the claimable group that was served longest ago
+-- (never served first) and returns its head with its attempt (1 on the
+-- first hand-out) and its age in seconds (server clock; NULL for a message
+-- queued before version 10): zero rows when nothing at or above
+-- p_min_priority is claimable. harel_claim is this without the last two
+-- columns.
+CREATE OR REPLACE FUNCTION harel_claim_one(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT DEFAULT 0)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_group   TEXT;
+    v_dseq    BIGINT;  -- what the group's last claim handed out
+    v_att     INT;     -- and how many times
+    v_seq     BIGINT;
+    v_event   TEXT;
+    v_pub     TIMESTAMPTZ;
+    v_stopped BOOLEAN;
+    v_held    TEXT[] := '{}';  -- empty groups a publisher still holds: skip this call
 BEGIN
     -- The entry checks (see "Entry checks" above).
     IF p_token IS NULL OR p_token = '' THEN
@@ -297,70 +419,119 @@ BEGIN
     LOOP
         -- FOR NO KEY UPDATE: the key never changes, and no stronger lock is
         -- needed (the lost-publish guard above does not use row locks).
-        UPDATE transport_groups AS g
-           SET locked_by = p_token, lock_expiry = p_lease
-         WHERE g.group_id = (
-                 SELECT c.group_id
-                   FROM transport_groups AS c
-                  WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                    AND c.priority >= p_min_priority
-                    AND c.group_id <> ALL (v_held)
-                  ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
-                  LIMIT 1
-                    FOR NO KEY UPDATE SKIP LOCKED)
-        RETURNING g.group_id INTO v_group;
+        -- A failed head whose backoff has ended first (see "Claim" above),
+        -- then the round-robin.
+        v_group := NULL;
+        SELECT c.group_id, c.delivered_seq, c.attempts INTO v_group, v_dseq, v_att
+          FROM transport_groups AS c
+         WHERE c.locked_by = '' AND c.lock_expiry < p_now
+           AND c.priority >= p_min_priority
+         ORDER BY c.lock_expiry
+         LIMIT 1
+           FOR NO KEY UPDATE SKIP LOCKED;
+        IF v_group IS NULL THEN
+            SELECT c.group_id, c.delivered_seq, c.attempts INTO v_group, v_dseq, v_att
+              FROM transport_groups AS c
+             WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+               AND c.priority >= p_min_priority
+               AND c.group_id <> ALL (v_held)
+             ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
+             LIMIT 1
+               FOR NO KEY UPDATE SKIP LOCKED;
+        END IF;
         IF v_group IS NULL THEN
             RETURN;
         END IF;
 
-        -- A statement of its own, so a snapshot taken after the lock: the head
-        -- as it is now, never one that an earlier holder has just acked.
-        RETURN QUERY
-            SELECT m.group_id, m.seq, m.event
-              FROM transport_messages AS m
-             WHERE m.group_id = v_group
-             ORDER BY m.seq
-             LIMIT 1;
-        IF FOUND THEN
-            RETURN;
-        END IF;
+        v_seq := NULL;
+        SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
+          FROM transport_messages AS m
+         WHERE m.group_id = v_group
+         ORDER BY m.seq
+         LIMIT 1;
 
-        -- An empty group row. Delete it only if no publisher is mid-
-        -- transaction on it: a publisher holds the group's lock (shared;
-        -- see harel_hold_group) from its message insert until it commits,
-        -- and its message is invisible to us until then.
-        IF harel_try_guard(v_group) THEN
-            RETURN QUERY
-                SELECT m.group_id, m.seq, m.event
+        IF v_seq = v_dseq AND EXISTS (SELECT 1 FROM transport_policy AS p
+                                       WHERE p.id AND p.max_attempts > 0 AND v_att >= p.max_attempts) THEN
+            -- Handed out before, as many times as the policy allows.
+            v_stopped := NULL;
+            SELECT s.stopped INTO v_stopped FROM harel_spend(ARRAY[v_group], ARRAY[v_seq]) AS s;
+            IF v_stopped THEN
+                CONTINUE;
+            ELSIF v_stopped IS NOT NULL THEN  -- dead-lettered: the next one
+                v_seq := NULL;
+                SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
                   FROM transport_messages AS m
                  WHERE m.group_id = v_group
                  ORDER BY m.seq
                  LIMIT 1;
-            IF FOUND THEN
-                RETURN;  -- a publisher committed meanwhile
             END IF;
-            DELETE FROM transport_groups AS g WHERE g.group_id = v_group;
-        ELSE
-            UPDATE transport_groups AS g
-               SET locked_by = NULL, lock_expiry = p_now
-             WHERE g.group_id = v_group;
-            v_held := v_held || v_group;
         END IF;
+
+        IF v_seq IS NULL THEN
+            -- An empty group row. Delete it only if no publisher is mid-
+            -- transaction on it: a publisher holds the group's lock (shared;
+            -- see harel_hold_group) from its message insert until it commits,
+            -- and its message is invisible to us until then.
+            IF NOT harel_try_guard(v_group) THEN
+                UPDATE transport_groups AS g
+                   SET locked_by = NULL, lock_expiry = p_now
+                 WHERE g.group_id = v_group;
+                v_held := v_held || v_group;
+                CONTINUE;
+            END IF;
+            SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
+              FROM transport_messages AS m
+             WHERE m.group_id = v_group
+             ORDER BY m.seq
+             LIMIT 1;
+            IF v_seq IS NULL THEN
+                DELETE FROM transport_groups AS g WHERE g.group_id = v_group;
+                CONTINUE;
+            END IF;
+            -- a publisher committed meanwhile: lease its message
+        END IF;
+
+        attempt := CASE WHEN v_seq = v_dseq THEN v_att + 1 ELSE 1 END;
+        UPDATE transport_groups AS g
+           SET locked_by = p_token, lock_expiry = p_lease, delivered_seq = v_seq, attempts = attempt
+         WHERE g.group_id = v_group;
+        group_id := v_group; seq := v_seq; event := v_event;
+        age := date_part('epoch', clock_timestamp() - v_pub);
+        RETURN NEXT;
+        RETURN;
     END LOOP;
 END
 $$;
 
--- harel_claim_many leases up to p_limit claimable groups (priority >=
+-- harel_claim is the design's claim: harel_claim_one's lease, its result
+-- as the design gives it.
+CREATE OR REPLACE FUNCTION harel_claim(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT DEFAULT 0)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$ SELECT c.group_id, c.seq, c.event FROM harel_claim_one(p_now, p_lease, p_token, p_min_priority) AS c $$;
+
+-- harel_claim_leases leases up to p_limit claimable groups (priority >=
 -- p_min_priority, served longest ago first) to one token and returns the
--- head of each. Every lease is fenced on its own group row, so one token
--- for the batch is enough: an ack names the group and the token.
-CREATE OR REPLACE FUNCTION harel_claim_many(
+-- head of each (in no particular order) with its attempt and age as
+-- harel_claim_one does. Every lease is fenced on its own group row, so one token for the
+-- batch is enough: an ack names the group and the token. It may return
+-- fewer than p_limit rows while more groups are claimable: the empty group
+-- rows it picked are deleted or freed, not replaced.
+CREATE OR REPLACE FUNCTION harel_claim_leases(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
     p_token        TEXT,
     p_min_priority INT,
     p_limit        INT)
-RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -369,10 +540,16 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_groups TEXT[];
-    v_empty  TEXT[];
-    v_gone   TEXT[];
-    r        RECORD;
+    v_groups  TEXT[];
+    v_dseqs   BIGINT[];  -- per group: what its last claim handed out
+    v_atts    INT[];     -- and how many times
+    v_heads   BIGINT[];
+    v_events  TEXT[];
+    v_pubs    TIMESTAMPTZ[];
+    v_again   BOOLEAN;   -- some head was handed out before
+    v_stopped TEXT[];
+    v_empty   TEXT[];
+    v_gone    TEXT[];
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
@@ -388,48 +565,84 @@ BEGIN
         RAISE EXCEPTION 'harel_claim_many: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
             USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
     END IF;
-    -- Pick, then lease by primary key: every statement here reaches rows
-    -- through an index (= ANY of an array), whatever the plan guesses
-    -- about the array's size.
-    SELECT array_agg(c.group_id) INTO v_groups
-      FROM (SELECT c.group_id
+    -- Pick and lock: failed heads whose backoff has ended first (see
+    -- "Claim" above), then the round-robin for the rest; every later
+    -- statement reaches rows by primary key (= ANY of an array, or a join
+    -- on unnest), whatever the plan guesses about the array's size.
+    SELECT array_agg(c.group_id), array_agg(c.delivered_seq), array_agg(c.attempts) INTO v_groups, v_dseqs, v_atts
+      FROM (SELECT c.group_id, c.delivered_seq, c.attempts
               FROM transport_groups AS c
-             WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+             WHERE c.locked_by = '' AND c.lock_expiry < p_now
                AND c.priority >= p_min_priority
-             ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
+             ORDER BY c.lock_expiry
              LIMIT p_limit
                FOR NO KEY UPDATE SKIP LOCKED) AS c;
-    UPDATE transport_groups AS g
-       SET locked_by = p_token, lock_expiry = p_lease
-     WHERE g.group_id = ANY (v_groups);
-    IF v_groups IS NULL THEN
+    IF COALESCE(cardinality(v_groups), 0) < p_limit THEN
+        SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
+               COALESCE(v_atts, '{}') || array_agg(c.attempts)
+          INTO v_groups, v_dseqs, v_atts
+          FROM (SELECT c.group_id, c.delivered_seq, c.attempts
+                  FROM transport_groups AS c
+                 WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+                   AND c.priority >= p_min_priority
+                   AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
+                 ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
+                 LIMIT p_limit - COALESCE(cardinality(v_groups), 0)
+                   FOR NO KEY UPDATE SKIP LOCKED) AS c;
+    END IF;
+    IF cardinality(v_groups) IS NULL OR cardinality(v_groups) = 0 THEN
         RETURN;
     END IF;
 
-    -- The heads, in a statement of their own: a snapshot taken after the
-    -- locks, never a head an earlier holder has just acked.
-    FOR r IN
-        SELECT u.gid, h.seq, h.event
-          FROM unnest(v_groups) AS u(gid)
+    -- The heads, in a statement after the locks (every array aggregated
+    -- from one row stream, so they stay aligned). A second pass only when
+    -- some head was handed out before as many times as the policy allows,
+    -- and harel_spend dead-lettered it or stopped its group.
+    FOR pass IN 1..2 LOOP
+        SELECT array_agg(u.gid), array_agg(u.d), array_agg(u.a), array_agg(h.seq), array_agg(h.event), array_agg(h.published_at),
+               COALESCE(bool_or(h.seq = u.d), false), array_agg(u.gid) FILTER (WHERE h.seq IS NULL)
+          INTO v_groups, v_dseqs, v_atts, v_heads, v_events, v_pubs, v_again, v_empty
+          FROM unnest(v_groups, v_dseqs, v_atts) AS u(gid, d, a)
           LEFT JOIN LATERAL (
-                SELECT m.seq, m.event
+                SELECT m.seq, m.event, m.published_at
                   FROM transport_messages AS m
                  WHERE m.group_id = u.gid
                  ORDER BY m.seq
-                 LIMIT 1) AS h ON true
-    LOOP
-        IF r.seq IS NULL THEN
-            v_empty := v_empty || r.gid;
-        ELSE
-            group_id := r.gid; seq := r.seq; event := r.event;
-            RETURN NEXT;
+                 LIMIT 1) AS h ON true;
+        EXIT WHEN NOT v_again OR pass = 2;
+        -- A redelivery (a lapsed lease, a nack, a fail's backoff ended):
+        -- any head at the limit?
+        SELECT COALESCE(bool_or(u.s = u.d AND u.a >= p.max_attempts), false) INTO v_again
+          FROM unnest(v_heads, v_dseqs, v_atts) AS u(s, d, a), transport_policy AS p
+         WHERE p.id AND p.max_attempts > 0;
+        EXIT WHEN NOT v_again;
+        SELECT array_agg(s.group_id) FILTER (WHERE s.stopped)
+          INTO v_stopped
+          FROM harel_spend(v_groups, v_heads) AS s;
+        IF v_stopped IS NOT NULL THEN
+            SELECT array_agg(u.gid), array_agg(u.d), array_agg(u.a) INTO v_groups, v_dseqs, v_atts
+              FROM unnest(v_groups, v_dseqs, v_atts) AS u(gid, d, a)
+             WHERE u.gid <> ALL (v_stopped);
+            IF v_groups IS NULL THEN
+                RETURN;
+            END IF;
         END IF;
     END LOOP;
+
+    -- Lease the groups that have a head, counting the attempt in the same
+    -- write, and return them.
+    RETURN QUERY
+        UPDATE transport_groups AS g
+           SET locked_by = p_token, lock_expiry = p_lease, delivered_seq = u.s,
+               attempts = CASE WHEN g.delivered_seq = u.s THEN g.attempts + 1 ELSE 1 END
+          FROM unnest(v_groups, v_heads, v_events, v_pubs) AS u(gid, s, e, p)
+         WHERE u.s IS NOT NULL AND g.group_id = u.gid
+        RETURNING u.gid, u.s, u.e, g.attempts, date_part('epoch', clock_timestamp() - u.p);
+
     IF v_empty IS NULL THEN
         RETURN;
     END IF;
-
-    -- Empty group rows: the same guard as harel_claim. Delete those no
+    -- Empty group rows: the same guard as harel_claim_one. Delete those no
     -- publisher is mid-transaction on (the try-lock), re-checked in a
     -- statement after the lock; free the rest.
     SELECT array_agg(e) INTO v_gone
@@ -447,6 +660,22 @@ BEGIN
      WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_empty) EXCEPT SELECT unnest(v_gone)));
 END
 $$;
+
+-- harel_claim_many is harel_claim_leases without the attempt and age
+-- columns (its result since version 4).
+CREATE OR REPLACE FUNCTION harel_claim_many(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT,
+    p_limit        INT)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$ SELECT c.group_id, c.seq, c.event FROM harel_claim_leases(p_now, p_lease, p_token, p_min_priority, p_limit) AS c $$;
 
 
 -- Ack: an ack writes its group row once.
@@ -474,6 +703,15 @@ $$;
 -- gone (a kept lease's earlier message, acked again: a kept lease reuses
 -- its token) changes nothing and reports the lease lost; the design's
 -- freed the group from under the holder of the next message.
+--
+-- Since version 10 the fence also checks that p_seq is the message the
+-- lease was handed (the group row's delivered_seq; NULL for a lease
+-- taken before the upgrade, which is not checked): an ack under a valid
+-- token of any other message of the group is refused with SQLSTATE PT001
+-- and changes nothing. (Two publishes that overlap can make a claim hand
+-- out a higher seq while a lower one is uncommitted; that ack names the
+-- seq it was handed, so it passes.) The batch calls answer such an entry
+-- held = false instead. No token matches a stopped group (locked_by '').
 CREATE OR REPLACE FUNCTION harel_ack(
     p_group TEXT,
     p_seq   BIGINT,
@@ -499,7 +737,8 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
        AND harel_try_guard(p_group) THEN
         DELETE FROM transport_groups AS g
-         WHERE g.group_id = p_group AND g.locked_by = p_token
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+           AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
            AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
            AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
     END IF;
@@ -511,9 +750,17 @@ BEGIN
         -- group from under the holder of the next.
         UPDATE transport_groups AS g
            SET locked_by = NULL, lock_expiry = p_now
-         WHERE g.group_id = p_group AND g.locked_by = p_token
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+           AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
            AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
         IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM transport_groups AS g
+                        WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+                          AND g.delivered_seq <> p_seq
+                          AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)) THEN
+                RAISE EXCEPTION 'harel_ack: message % is not the one the lease on group % was handed', p_seq, p_group
+                    USING ERRCODE = 'PT001';
+            END IF;
             RETURN false;
         END IF;
     END IF;
@@ -523,13 +770,15 @@ BEGIN
 END
 $$;
 
--- harel_exchange is a worker's whole round-trip: settle a batch of leases
--- as harel_ack_many describes, then lease up to p_limit more groups minus
--- those kept (harel_claim_many), in one transaction. Rows: kind 'a' per
--- settled lease, in input order (held, and the next head if kept), then
--- kind 'c' per new lease. The settling lives here, and harel_ack_many
--- calls this, so that a stream's round-trip runs one function less.
-CREATE OR REPLACE FUNCTION harel_exchange(
+-- harel_exchange_leases is a worker's whole round-trip: settle a batch of
+-- leases as harel_ack_many describes, then lease up to p_limit more groups
+-- minus those kept (harel_claim_leases), in one transaction. Rows: kind 'a'
+-- per settled lease, in input order (held, and the next head if kept, with
+-- attempt 1 and its age), then kind 'c' per new lease (with its attempt and
+-- age). The settling lives here, and harel_ack_many calls this, so that a
+-- stream's round-trip runs one function less. harel_exchange is this
+-- without the last two columns.
+CREATE OR REPLACE FUNCTION harel_exchange_leases(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
     p_token        TEXT,
@@ -539,7 +788,7 @@ CREATE OR REPLACE FUNCTION harel_exchange(
     p_seqs         BIGINT[],
     p_tokens       TEXT[],
     p_keep         BOOLEAN[])
-RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT)
+RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -551,6 +800,7 @@ DECLARE
     v_first   BOOLEAN[]; -- per input: the first naming of its group
     v_next    BIGINT[];  -- per input: the group's next message, if any
     v_events  TEXT[];
+    v_pubs    TIMESTAMPTZ[];
     v_drained BOOLEAN;   -- some group looks drained
     v_locked  BOOLEAN[]; -- per input: it looks drained and is try-locked
     v_at      BIGINT[];  -- input places of the held leases
@@ -580,13 +830,14 @@ BEGIN
 
         -- Each lease's next message, before any lock (see "Ack" above).
         SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
+               array_agg(x.published_at ORDER BY x.i),
                count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
-          INTO v_first, v_next, v_events, v_drained
-          FROM (SELECT u.i, h.seq, h.event,
+          INTO v_first, v_next, v_events, v_pubs, v_drained
+          FROM (SELECT u.i, h.seq, h.event, h.published_at,
                        row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
                   FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
                   LEFT JOIN LATERAL (
-                        SELECT m.seq, m.event
+                        SELECT m.seq, m.event, m.published_at
                           FROM transport_messages AS m
                          WHERE m.group_id = u.gid AND m.seq <> u.s
                          ORDER BY m.seq
@@ -606,7 +857,8 @@ BEGIN
             WITH gone AS (
                 DELETE FROM transport_groups AS g
                  USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
-                 WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok
+                 WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
+                   AND (g.delivered_seq IS NULL OR g.delivered_seq = a.s)
                    AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)
                    AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
                 RETURNING a.i, g.group_id, a.s
@@ -620,15 +872,22 @@ BEGIN
         -- group that looked drained but was not deleted is freed. A lease
         -- to be freed must still have its message, as in harel_ack; one to
         -- be kept need not: that is a retry of an ack that kept the group
-        -- and whose answer was lost, and it gets the same next message.
+        -- and whose answer was lost (the group then already names the next
+        -- message as handed out), and it gets the same next message. A
+        -- kept lease is handed its next message: delivered_seq moves on
+        -- and the attempt is its first.
         WITH fenced AS (
             UPDATE transport_groups AS g
-               SET locked_by   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
-                   lock_expiry = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END
+               SET locked_by     = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN g.locked_by END,
+                   lock_expiry   = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN p_lease ELSE p_now END,
+                   delivered_seq = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN a.nxt ELSE g.delivered_seq END,
+                   attempts      = CASE WHEN a.keep AND a.nxt IS NOT NULL THEN 1 ELSE g.attempts END
               FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
-             WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok
-               AND ((a.keep AND a.nxt IS NOT NULL)
-                    OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid))
+             WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
+               AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)
+                     AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid))
+                    OR (a.keep AND a.nxt IS NOT NULL AND (g.delivered_seq IS NULL OR g.delivered_seq = a.nxt)
+                        AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)))
             RETURNING a.i, a.keep AND a.nxt IS NOT NULL AS kept, g.group_id, a.s
         )
         SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
@@ -644,17 +903,43 @@ BEGIN
 
         RETURN QUERY
             SELECT 'a'::"char", a.gid, h.i IS NOT NULL,
-                   CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END
-              FROM unnest(p_groups, v_next, v_events) WITH ORDINALITY AS a(gid, nxt, event, i)
+                   CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END,
+                   CASE WHEN h.kept THEN 1 END, CASE WHEN h.kept THEN date_part('epoch', clock_timestamp() - a.pub) END
+              FROM unnest(p_groups, v_next, v_events, v_pubs) WITH ORDINALITY AS a(gid, nxt, event, pub, i)
               LEFT JOIN unnest(v_at, v_kept) AS h(i, kept) ON h.i = a.i
              ORDER BY a.i;
     END IF;
     IF p_limit - v_nkept > 0 THEN
         RETURN QUERY
-            SELECT 'c'::"char", c.group_id, true, c.seq, c.event
-              FROM harel_claim_many(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept) AS c;
+            SELECT 'c'::"char", c.group_id, true, c.seq, c.event, c.attempt, c.age
+              FROM harel_claim_leases(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept) AS c;
     END IF;
 END
+$$;
+
+-- harel_exchange is harel_exchange_leases without the attempt and age
+-- columns (its result since version 4).
+CREATE OR REPLACE FUNCTION harel_exchange(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT,
+    p_limit        INT,
+    p_groups       TEXT[],
+    p_seqs         BIGINT[],
+    p_tokens       TEXT[],
+    p_keep         BOOLEAN[])
+RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT e.kind, e.group_id, e.held, e.seq, e.event
+      FROM harel_exchange_leases(p_now, p_lease, p_token, p_min_priority, p_limit,
+                                 p_groups, p_seqs, p_tokens, p_keep) WITH ORDINALITY AS e(kind, group_id, held, seq, event, attempt, age, n)
+     ORDER BY e.n
 $$;
 
 -- harel_ack_many settles many leases in one round-trip, each fenced on its
@@ -684,9 +969,397 @@ AS $$
 BEGIN
     RETURN QUERY
         SELECT e.group_id, e.held, e.seq, e.event
-          FROM harel_exchange(p_now, p_lease, NULL, 0, 0, p_groups, p_seqs, p_tokens, p_keep)
-               WITH ORDINALITY AS e(kind, group_id, held, seq, event, n)
+          FROM harel_exchange_leases(p_now, p_lease, NULL, 0, 0, p_groups, p_seqs, p_tokens, p_keep)
+               WITH ORDINALITY AS e(kind, group_id, held, seq, event, attempt, age, n)
          ORDER BY e.n;
+END
+$$;
+
+
+-- Fail, release, and what happens to a message that keeps failing
+-- (version 10).
+
+-- harel_fail settles a lease whose handling failed, fenced like harel_ack
+-- (p_token holds p_group and p_seq is the message it was handed). NULL,
+-- changing nothing, if not. Otherwise, by the queue's policy
+-- (transport_policy) and the attempt the lease was (the group row's
+-- attempts):
+--   'retry': attempts left. p_error (cut to 2,048 characters) is recorded
+--     on the message (last_error) and the group is parked for
+--     backoff_min * 2^(attempt-1) seconds, at most backoff_max, with
+--     equal jitter (between half that and all of it). The lease is over:
+--     the park is held by no token (locked_by ''), so a late ack, nack
+--     or extend under p_token changes nothing (a nack with a delay, by
+--     contrast, parks under its own token).
+--   'dead': max_attempts used. The message moves to
+--     transport_dead_letters with p_error, and the group goes on: freed
+--     with lock_expiry = p_now, or its row deleted when drained (with
+--     harel_ack's guard), as an ack would leave it.
+--   'stopped': max_attempts used and the policy is 'stop': p_error is
+--     recorded, the message stays at the head, and the group is stopped
+--     until harel_restart_group.
+-- A NULL p_now is refused (PT003: the park's end), as is one far from the
+-- server's clock (PT005).
+CREATE OR REPLACE FUNCTION harel_fail(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION,
+    p_error TEXT)
+RETURNS TEXT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_error TEXT := left(p_error, 2048);
+    v_att   INT;
+    v_max   INT;
+    v_stop  BOOLEAN;
+    v_min   DOUBLE PRECISION;
+    v_cap   DOUBLE PRECISION;
+    v_delay DOUBLE PRECISION;
+    v_gone  BOOLEAN := false;
+BEGIN
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION 'harel_fail: p_now is NULL' USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        RAISE EXCEPTION 'harel_fail: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
+            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
+    -- The fence, and the lock that keeps it ours until commit.
+    SELECT g.attempts INTO v_att
+      FROM transport_groups AS g
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+       AND (g.delivered_seq = p_seq
+            OR (g.delivered_seq IS NULL  -- a lease from before version 10: its head only
+                AND p_seq = (SELECT m.seq FROM transport_messages AS m
+                              WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1)))
+       AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_att := GREATEST(v_att, 1);  -- a lease taken before version 10 counted nothing
+    SELECT p.max_attempts, p.on_exhausted = 'stop', p.backoff_min, p.backoff_max
+      INTO v_max, v_stop, v_min, v_cap
+      FROM transport_policy AS p WHERE p.id;
+    IF NOT FOUND THEN
+        -- The policy row was deleted: retry for ever, with the table's
+        -- default backoff, rather than park for no known time.
+        v_max := 0; v_stop := false; v_min := 1; v_cap := 60;
+    END IF;
+
+    IF v_max > 0 AND v_att >= v_max AND NOT v_stop THEN
+        PERFORM harel_bury(ARRAY[p_group], ARRAY[p_seq], v_error);
+        IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
+           AND harel_try_guard(p_group) THEN
+            DELETE FROM transport_groups AS g
+             WHERE g.group_id = p_group
+               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group);
+            v_gone := FOUND;
+        END IF;
+        IF NOT v_gone THEN
+            UPDATE transport_groups AS g
+               SET locked_by = NULL, lock_expiry = p_now
+             WHERE g.group_id = p_group;
+        END IF;
+        RETURN 'dead';
+    END IF;
+
+    -- The message keeps the cause (a message with a group id from before
+    -- version 9's rule cannot be rewritten, so it does not).
+    UPDATE transport_messages AS m
+       SET last_error = v_error
+     WHERE m.seq = p_seq AND m.group_id = p_group
+       AND octet_length(m.group_id) BETWEEN 1 AND 1024;
+    IF v_max > 0 AND v_att >= v_max THEN
+        UPDATE transport_groups AS g
+           SET locked_by = '', lock_expiry = 'Infinity'
+         WHERE g.group_id = p_group;
+        RETURN 'stopped';
+    END IF;
+    v_delay := LEAST(v_cap, v_min * power(2::float8, LEAST(v_att - 1, 60)));
+    v_delay := v_delay / 2 + random() * v_delay / 2;
+    UPDATE transport_groups AS g
+       SET locked_by = '', lock_expiry = p_now + v_delay
+     WHERE g.group_id = p_group;
+    RETURN 'retry';
+END
+$$;
+
+-- harel_release gives back a lease that was never used (a consumer that
+-- claimed more than it could start, or is shutting down): the group is
+-- freed first in line, its head unchanged, as harel_nack with no delay
+-- does, and the hand-out is not counted as an attempt. False, changing
+-- nothing, if p_token no longer holds p_group.
+CREATE OR REPLACE FUNCTION harel_release(
+    p_group TEXT,
+    p_token TEXT)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    UPDATE transport_groups AS g
+       SET locked_by = NULL, lock_expiry = NULL, attempts = GREATEST(g.attempts - 1, 0)
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
+    RETURN FOUND;
+END
+$$;
+
+-- harel_restart_group puts a stopped group back in the round-robin, first
+-- in line, with a fresh set of attempts for its head; with p_skip_head,
+-- the message that stopped it (its head, unless a redrive put older ones
+-- before it) is dead-lettered first (the group goes on with the next
+-- message; an empty group row is deleted by the next claim that reaches
+-- it). False, changing nothing, if p_group is not stopped.
+CREATE OR REPLACE FUNCTION harel_restart_group(
+    p_group     TEXT,
+    p_skip_head BOOLEAN)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM 1 FROM transport_groups AS g
+     WHERE g.group_id = p_group AND g.locked_by = '' AND g.lock_expiry = 'Infinity'
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_skip_head THEN
+        -- The message that used its attempts (delivered_seq), or, if it
+        -- is gone, the head.
+        PERFORM harel_bury(ARRAY[p_group],
+                           ARRAY[COALESCE(
+                               (SELECT m.seq FROM transport_messages AS m, transport_groups AS g
+                                 WHERE g.group_id = p_group AND m.seq = g.delivered_seq AND m.group_id = p_group),
+                               (SELECT m.seq FROM transport_messages AS m
+                                 WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1))],
+                           NULL);
+    END IF;
+    UPDATE transport_groups AS g
+       SET locked_by = NULL, lock_expiry = NULL, attempts = 0
+     WHERE g.group_id = p_group;
+    RETURN true;
+END
+$$;
+
+
+-- Dead letters.
+
+-- harel_dead_letters lists dead letters in seq order: those of p_group
+-- (NULL: every group) with seq > p_after (NULL: from the first), at most
+-- p_limit.
+CREATE OR REPLACE FUNCTION harel_dead_letters(
+    p_group TEXT,
+    p_after BIGINT,
+    p_limit INT)
+RETURNS TABLE (seq BIGINT, group_id TEXT, event TEXT, priority INT, attempts INT,
+               last_error TEXT, published_at TIMESTAMPTZ, died_at TIMESTAMPTZ)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT d.seq, d.group_id, d.event, d.priority, d.attempts, d.last_error, d.published_at, d.died_at
+      FROM transport_dead_letters AS d
+     WHERE (p_group IS NULL OR d.group_id = p_group)
+       AND d.seq > COALESCE(p_after, 0)
+     ORDER BY d.seq
+     LIMIT p_limit
+$$;
+
+-- harel_redrive puts dead letters back (those of p_group, NULL: every
+-- group; those in p_seqs, NULL: all of them) and returns how many. Each
+-- goes back under its own seq, so at the head of its group in its original
+-- order (its seq is older than anything published since), with a fresh set
+-- of attempts; a drained group gets its row back, with the message's
+-- priority. The messages are inserted before the group rows are, through
+-- the lost-publish guard's trigger, as a publish is: safe against a
+-- concurrent drain.
+CREATE OR REPLACE FUNCTION harel_redrive(
+    p_group TEXT,
+    p_seqs  BIGINT[])
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_seqs   BIGINT[];
+    v_groups TEXT[];
+    v_events TEXT[];
+    v_prios  INT[];
+    v_pubs   TIMESTAMPTZ[];
+BEGIN
+    WITH moved AS (
+        DELETE FROM transport_dead_letters AS d
+         WHERE (p_group IS NULL OR d.group_id = p_group)
+           AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
+        RETURNING d.seq, d.group_id, d.event, d.priority, d.published_at
+    )
+    SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.group_id ORDER BY x.seq), array_agg(x.event ORDER BY x.seq),
+           array_agg(x.priority ORDER BY x.seq), array_agg(x.published_at ORDER BY x.seq)
+      INTO v_seqs, v_groups, v_events, v_prios, v_pubs
+      FROM moved AS x;
+    IF v_seqs IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO transport_messages (seq, group_id, event, published_at)
+    SELECT u.s, u.g, u.e, u.p
+      FROM unnest(v_seqs, v_groups, v_events, v_pubs) WITH ORDINALITY AS u(s, g, e, p, i)
+     ORDER BY u.i;
+    INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+    SELECT DISTINCT ON (u.g) u.g, NULL, NULL, u.p
+      FROM unnest(v_groups, v_prios, v_seqs) AS u(g, p, s)
+     ORDER BY u.g, u.s
+    ON CONFLICT (group_id) DO NOTHING;
+    -- A group that still names a redriven message as handed out (it died
+    -- by harel_fail and nothing was handed out since) starts it afresh.
+    UPDATE transport_groups AS g
+       SET attempts = 0
+      FROM unnest(v_groups, v_seqs) AS u(g, s)
+     WHERE g.group_id = u.g AND g.delivered_seq = u.s;
+    RETURN cardinality(v_seqs);
+END
+$$;
+
+-- harel_purge_dead_letters deletes dead letters (the same filter as
+-- harel_redrive) and returns how many.
+CREATE OR REPLACE FUNCTION harel_purge_dead_letters(
+    p_group TEXT,
+    p_seqs  BIGINT[])
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_n BIGINT;
+BEGIN
+    DELETE FROM transport_dead_letters AS d
+     WHERE (p_group IS NULL OR d.group_id = p_group)
+       AND (p_seqs IS NULL OR d.seq = ANY (p_seqs));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
+
+-- Idempotent publish (version 10).
+
+-- harel_publish_keyed is harel_publish_many with an optional dedup key per
+-- message: where p_keys[i] is not NULL and (p_groups[i], p_keys[i]) was
+-- published within the last p_window seconds (server clock), or earlier
+-- in this batch, nothing is stored for it and the seq it was first
+-- published under is returned in its place. Concurrent publishes with one
+-- key store it once: the second waits for the first to commit (the key's
+-- unique index) and returns its seq; if the first rolls back, the second
+-- stores. A key is 1 to 256 bytes (PT006 otherwise). Every message gets
+-- its seq first, in array order, so order within a group is array order,
+-- as in harel_publish_many. Each call also deletes up to twice its size
+-- (plus 8) of expired keys, so the table stays bounded with no job to run.
+CREATE OR REPLACE FUNCTION harel_publish_keyed(
+    p_groups     TEXT[],
+    p_events     TEXT[],
+    p_priorities INT[],
+    p_keys       TEXT[],
+    p_window     DOUBLE PRECISION)
+RETURNS SETOF BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_clock DOUBLE PRECISION := date_part('epoch', clock_timestamp());
+    v_seqs  BIGINT[];   -- per input: a fresh seq
+    v_out   BIGINT[];   -- per input: the seq returned
+    v_new   BOOLEAN[];  -- per input: stored
+BEGIN
+    IF cardinality(p_events) IS DISTINCT FROM cardinality(p_groups)
+       OR cardinality(p_priorities) IS DISTINCT FROM cardinality(p_groups)
+       OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_groups) THEN
+        RAISE EXCEPTION 'harel_publish_keyed: arrays of different lengths' USING ERRCODE = '22023';
+    END IF;
+    IF p_window IS NULL OR p_window < 0 THEN
+        RAISE EXCEPTION 'harel_publish_keyed: p_window (%) is NULL or negative', p_window USING ERRCODE = 'PT006';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_keys) AS k WHERE octet_length(k) NOT BETWEEN 1 AND 256) THEN
+        RAISE EXCEPTION 'harel_publish_keyed: a dedup key is empty or longer than 256 bytes' USING ERRCODE = 'PT006';
+    END IF;
+
+    SELECT array_agg(x.s ORDER BY x.i) INTO v_seqs
+      FROM (SELECT u.i, nextval(pg_get_serial_sequence('transport_messages', 'seq')) AS s
+              FROM generate_series(1, cardinality(p_groups)) AS u(i)
+             ORDER BY u.i) AS x;
+
+    -- Each key's first naming in the batch takes the key, unless it is
+    -- held and unexpired. In (group, key) order, so that two calls wait
+    -- for each other's keys in one order: no deadlock between calls, each
+    -- in its own transaction. (A caller's transaction holds its keys'
+    -- locks until it ends, so two such transactions that publish the same
+    -- keys in opposite orders, over several calls, can deadlock, as any
+    -- two transactions that write the same rows can.)
+    INSERT INTO transport_dedup AS d (group_id, dedup_key, seq, expires_at)
+    SELECT f.g, f.k, f.s, v_clock + p_window
+      FROM (SELECT DISTINCT ON (u.g, u.k) u.g, u.k, u.s
+              FROM unnest(p_groups, p_keys, v_seqs) WITH ORDINALITY AS u(g, k, s, i)
+             WHERE u.k IS NOT NULL
+             ORDER BY u.g, u.k, u.i) AS f
+     ORDER BY f.g, f.k
+    ON CONFLICT (group_id, dedup_key) DO UPDATE
+        SET seq = EXCLUDED.seq, expires_at = EXCLUDED.expires_at
+        WHERE d.expires_at < v_clock;
+
+    -- A keyed message is stored when its key now names its own seq.
+    SELECT array_agg(COALESCE(d.seq, u.s) ORDER BY u.i),
+           array_agg(u.k IS NULL OR d.seq = u.s ORDER BY u.i)
+      INTO v_out, v_new
+      FROM unnest(p_groups, p_keys, v_seqs) WITH ORDINALITY AS u(g, k, s, i)
+      LEFT JOIN transport_dedup AS d ON d.group_id = u.g AND d.dedup_key = u.k;
+
+    INSERT INTO transport_messages (seq, group_id, event)
+    SELECT u.s, u.g, u.e
+      FROM unnest(v_seqs, p_groups, p_events, v_new) WITH ORDINALITY AS u(s, g, e, n, i)
+     WHERE u.n
+     ORDER BY u.i;
+    INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+    SELECT DISTINCT ON (u.g) u.g, NULL, NULL, u.p
+      FROM unnest(p_groups, p_priorities, v_new) WITH ORDINALITY AS u(g, p, n, i)
+     WHERE u.n
+     ORDER BY u.g, u.i
+    ON CONFLICT (group_id) DO NOTHING;
+
+    -- Expired keys, last, so that this cleanup (which never waits: SKIP
+    -- LOCKED) adds no lock to the key order above.
+    DELETE FROM transport_dedup AS d
+     WHERE (d.group_id, d.dedup_key) IN (
+           SELECT x.group_id, x.dedup_key
+             FROM transport_dedup AS x
+            WHERE x.expires_at < v_clock
+            ORDER BY x.expires_at
+            LIMIT 2 * cardinality(p_groups) + 8
+              FOR UPDATE SKIP LOCKED);
+
+    RETURN QUERY SELECT u.s FROM unnest(v_out) WITH ORDINALITY AS u(s, i) ORDER BY u.i;
 END
 $$;
 
@@ -724,11 +1397,11 @@ BEGIN
     IF p_delay > 0 THEN
         UPDATE transport_groups AS g
            SET lock_expiry = p_now + p_delay
-         WHERE g.group_id = p_group AND g.locked_by = p_token;
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     ELSE
         UPDATE transport_groups AS g
            SET locked_by = NULL, lock_expiry = NULL
-         WHERE g.group_id = p_group AND g.locked_by = p_token;
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     END IF;
     RETURN FOUND;
 END
@@ -757,7 +1430,7 @@ BEGIN
     END IF;
     UPDATE transport_groups AS g
        SET lock_expiry = p_lease
-     WHERE g.group_id = p_group AND g.locked_by = p_token;
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     RETURN FOUND;
 END
 $$;
@@ -862,6 +1535,7 @@ BEGIN
       FROM transport_groups AS g
      WHERE COALESCE(g.lock_expiry, 0) > p_now
        AND g.locked_by IS NOT NULL
+       AND COALESCE(g.lock_expiry, 0) < 'Infinity'  -- a stopped group never runs out (an index bound: stopped groups are not walked)
        AND g.priority >= p_min_priority
      ORDER BY COALESCE(g.lock_expiry, 0), g.group_id
      LIMIT 1;
@@ -894,3 +1568,42 @@ GRANT EXECUTE ON FUNCTION
     harel_share_guard(TEXT),
     harel_clock_skewed(DOUBLE PRECISION)
     TO PUBLIC;
+
+-- Roles granted access before an upgrade keep working after it. A role
+-- given schema.Grants before version 10 has no privilege on the tables
+-- version 10 added, which a claim may write (a dead letter) and a publish
+-- with a key must; and where the owner's default privileges revoke EXECUTE
+-- from PUBLIC, none on the functions it added. So every role that may
+-- update transport_groups (PUBLIC aside) gets the same on the tables
+-- added since, and every role that may execute harel_claim may execute
+-- every function here (the harel_ functions of this schema, and no
+-- other). Runs with each version change; GRANT of what is
+-- held already changes nothing.
+DO $pgtransport$
+DECLARE
+    r RECORD;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role
+          FROM pg_class AS c, aclexplode(c.relacl) AS a
+         WHERE c.oid = 'transport_groups'::regclass
+           AND a.privilege_type = 'UPDATE' AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup TO ' || r.role;
+        EXECUTE 'GRANT SELECT ON transport_policy TO ' || r.role;
+    END LOOP;
+    FOR r IN
+        SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role
+          FROM pg_proc AS p, aclexplode(p.proacl) AS a
+         WHERE p.oid = 'harel_claim(double precision, double precision, text, integer)'::regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        -- The queue's functions only (harel_ in this schema), never
+        -- others that share the schema.
+        EXECUTE (SELECT 'GRANT EXECUTE ON FUNCTION ' || string_agg(p.oid::regprocedure::text, ', ') || ' TO ' || r.role
+                   FROM pg_proc AS p
+                  WHERE p.pronamespace = (SELECT c.relnamespace FROM pg_class AS c WHERE c.oid = 'transport_groups'::regclass)
+                    AND p.proname LIKE 'harel\_%');
+    END LOOP;
+END
+$pgtransport$;
