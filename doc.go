@@ -31,7 +31,8 @@
 // and never wait for each other's locks (FOR NO KEY UPDATE SKIP LOCKED).
 //
 // At least once; nothing lost. A published message is handed out until it
-// is acked; handlers should be idempotent. A publish, ack, nack or extend
+// is acked or, having used its attempts, dead-lettered (below); handlers
+// should be idempotent. A publish, ack, nack or extend
 // that returned nil is durable (PublishTx: once the caller's transaction
 // commits). A publish that races with the ack draining its group never
 // leaves its message without its group. A message comes back, as its
@@ -47,13 +48,49 @@
 //     holder's ack is ErrLeaseLost;
 //   - an async Stream claimed it and nobody received it from the stream's
 //     channel within half the visibility, or the stream stopped first: at
-//     once (nack with no delay). The stream then claims nothing until a
+//     once (Release: free, first in line, the hand-out not counted as an
+//     attempt). The stream then claims nothing until a
 //     receiver takes a lease from its channel or settles one (after
 //     min(Config.IdleSweep, half the visibility) with an empty channel, one
-//     lease at a time), so other consumers get the groups it gave back.
+//     lease at a time), so other consumers get the groups it gave back;
+//   - it is failed (Fail) with attempts left: after the queue's backoff.
+//
+// Attempts and poison messages. The database counts every hand-out of a
+// message (Lease.Attempt, 1 on the first), whatever ended it: ack, nack,
+// Fail, or a lease that lapsed because its worker died, so a message that
+// crashes its workers counts too. A lease given back unused (a Stream's
+// unreceived lease, a shutdown) does not count. The queue's policy, kept
+// in the database so every consumer applies it (plain-SQL ones included),
+// bounds them: Config.MaxAttempts (10 for a new queue; Unlimited retries
+// forever). A head that has used them, at its Fail or at the next claim of
+// its group (leases that lapsed), is either moved to the dead letters in
+// the same transaction, and its group goes on with its next message
+// (Config.OnExhausted DeadLetterHead, a new queue's choice), or left in
+// place with its group stopped until RestartGroup (StopGroup), for those
+// who would rather stop than skip. Fail parks the group for a backoff
+// that doubles with the attempt, with jitter, between
+// Config.RetryBackoffMin and RetryBackoffMax (1 s and 60 s for a new
+// queue); Nack keeps its exact meaning. DeadLetters lists the dead
+// letters, with their last error and when they were published and died;
+// Redrive puts them back, each at the head of its group in its original
+// order, with fresh attempts; PurgeDeadLetters deletes them. Every message
+// is so either acked once or dead-lettered once (and, redriven, handed
+// out again).
+//
+// Idempotent publish. A Message with a DedupKey (PublishMessage,
+// PublishMessageTx, PublishMany) whose (group, key) was published within
+// Config.DedupWindow (5 minutes unless set), or earlier in the same
+// batch, writes nothing and returns the first message's seq; concurrent
+// publishes of one key store exactly one message. Inside a caller's
+// transaction the key commits or rolls back with it. Expired keys are
+// cleaned up in bounded batches, with no job to run.
+//
+// Publish time. The database records when each message was published (its
+// own clock); Lease.PublishedAt gives it by the consumer's clock, so
+// time.Since(lease.PublishedAt) is the pickup latency.
 //
 // Fencing. A lease is its token (workerID:uuid) on its group. Ack, AckNext,
-// AckMany, Nack and Extend act only while that token still holds the
+// AckMany, Nack, Fail and Extend act only while that token still holds the
 // group; otherwise they return ErrLeaseLost (AckMany per lease) and change
 // nothing. A lease past its expiry still holds until another claim takes
 // the group. An Ack or AckMany of a message already acked (a second ack,
@@ -78,8 +115,10 @@
 // good is answered that error alone: no lease can stop a stream.
 //
 // Round-robin. A claim takes the claimable group served longest ago;
-// groups never served, and groups nacked with no delay, come first. An ack
-// that frees a group puts it behind the groups that have waited longer. AckNext (and a Stream's
+// groups never served, and groups nacked with no delay, come first, and a
+// group whose failed message (Fail) has waited out its backoff comes before
+// all of them. An ack that frees a group puts it behind the groups that
+// have waited longer. AckNext (and a Stream's
 // ack) may keep a group that has more messages under the same lease, with
 // no claim in between, for at most Config.MaxKeep messages in a row; then
 // the group goes back to the round-robin, so other groups are not starved.
@@ -131,8 +170,10 @@
 // Bad input gets a typed error and nothing is written: ErrInvalidGroup,
 // ErrInvalidEvent, ErrEventTooLarge, ErrInvalidPriority,
 // ErrInvalidVisibility, ErrInvalidDelay, ErrNilLease, ErrInvalidWorkerID,
-// ErrInvalidSchema, ErrInvalidBatch, ErrInvalidConfig. A missing schema is
-// ErrSchemaMissing, a closed transport ErrClosed. Check them with errors.Is.
+// ErrInvalidSchema, ErrInvalidBatch, ErrInvalidConfig, ErrInvalidDedupKey.
+// A missing schema is ErrSchemaMissing, a closed transport ErrClosed, a
+// RestartGroup of a group that is not stopped ErrGroupNotStopped. Check
+// them with errors.Is.
 //
 // # Schema
 //
@@ -143,5 +184,9 @@
 // in a named schema, created if absent; queues in two schemas never see or
 // wake each other. Teams with their own migration tool load the script
 // from schema.SQL (or `make schema`) and set SkipApply; worker roles need
-// only what schema.Grants returns. PostgreSQL 14 or newer.
+// only what schema.Grants returns. PostgreSQL 14 or newer. The queue's
+// policy fields a Config sets (MaxAttempts, RetryBackoffMin,
+// RetryBackoffMax, OnExhausted) are written to transport_policy on open,
+// SkipApply or not, and only when they differ from what is stored; leave
+// them unset in workers that should not change the queue's policy.
 package pgtransport

@@ -33,6 +33,32 @@ const (
 	// holder could act on it, so it is a mistake (often a bare number
 	// where a time.Duration of seconds was meant: 30 is 30 ns).
 	MinVisibility = time.Second
+	// MaxDedupKeyBytes bounds a Message.DedupKey.
+	MaxDedupKeyBytes = 256
+	// MaxErrorBytes bounds the cause Fail records on a message: a longer
+	// text is cut, at a rune boundary, to this many bytes.
+	MaxErrorBytes = 2048
+	// DefaultDedupWindow is Config.DedupWindow's value when it is 0: as
+	// Amazon SQS's deduplication interval.
+	DefaultDedupWindow = 5 * time.Minute
+	// MaxDedupWindow bounds Config.DedupWindow.
+	MaxDedupWindow = 24 * time.Hour
+	// DefaultMaxAttempts is a new queue's attempt limit (Config.MaxAttempts).
+	DefaultMaxAttempts = 10
+	// Unlimited, as Config.MaxAttempts, makes the queue retry a message
+	// forever: it is never dead-lettered (nor its group stopped).
+	Unlimited = -1
+	// DefaultRetryBackoffMin and DefaultRetryBackoffMax are a new queue's
+	// bounds of the backoff after a Fail (Config.RetryBackoffMin, Max).
+	DefaultRetryBackoffMin = time.Second
+	DefaultRetryBackoffMax = time.Minute
+	// MinRetryBackoff and MaxRetryBackoff bound either backoff bound a
+	// Config sets.
+	MinRetryBackoff = time.Millisecond
+	MaxRetryBackoff = 24 * time.Hour
+	// DefaultDeadLetterLimit is a DeadLetterQuery's page size when its
+	// Limit is 0 (at most MaxBatch).
+	DefaultDeadLetterLimit = 100
 )
 
 // Errors, checked with errors.Is. Input errors are returned before anything
@@ -94,6 +120,13 @@ var (
 	// transaction (PublishTx, or a Transport on a pgx.Tx), where a lost
 	// connection means the transaction is gone and nothing of it applied.
 	ErrOutcomeUnknown = errors.New("pgtransport: outcome unknown")
+	// ErrInvalidDedupKey: a Message.DedupKey longer than MaxDedupKeyBytes,
+	// not valid UTF-8, or holding a NUL byte ("" means no key).
+	ErrInvalidDedupKey = errors.New("pgtransport: invalid dedup key")
+	// ErrGroupNotStopped: RestartGroup of a group that is not stopped (the
+	// queue's policy is not StopGroup, its head has attempts left, or it
+	// was restarted already). Nothing changed.
+	ErrGroupNotStopped = errors.New("pgtransport: group not stopped")
 )
 
 // Lease is one claimed message: the head of Group, held by Token until it is
@@ -116,13 +149,79 @@ type Lease struct {
 	// this one (an ack that keeps a hot group hands on the lease with Kept
 	// one higher). 0 for a fresh claim.
 	Kept int
+	// Attempt is how many times the database has handed out this message,
+	// this one included: 1 on its first delivery. Every hand-out counts,
+	// whatever ended it (ack, nack, Fail, or a lease that lapsed because
+	// its worker died); a lease a stream or a shutdown gave back unused
+	// does not. The queue's policy (Config.MaxAttempts) bounds it.
+	Attempt int
+	// PublishedAt is when the message was published, by this process's
+	// clock: the time the claim was sent less the message's age as the
+	// database measured it, so time.Since(PublishedAt) is its pickup
+	// latency whatever the server's clock says (a little more than the
+	// truth, by at most the claim's trip to the server). Zero when unknown
+	// (a message queued before schema version 10).
+	PublishedAt time.Time
 }
 
-// Message is one message of a batch publish.
+// Message is one message to publish.
 type Message struct {
 	Group    string
 	Event    string
 	Priority int // used only if the message creates its group
+	// DedupKey, if not "", makes the publish idempotent: a publish whose
+	// (Group, DedupKey) was published within Config.DedupWindow (or earlier
+	// in the same batch) writes nothing and returns the seq of that first
+	// message. At most MaxDedupKeyBytes, valid UTF-8, no NUL byte.
+	DedupKey string
+}
+
+// Exhausted is what the queue does with a group's head once it has used
+// its attempts (Config.OnExhausted).
+type Exhausted string
+
+const (
+	// DeadLetterHead moves the head to transport_dead_letters (see
+	// DeadLetters, Redrive) and the group goes on with its next message.
+	// A new queue's choice.
+	DeadLetterHead Exhausted = "dead_letter"
+	// StopGroup leaves the head in place and stops its group: nothing of
+	// the group is handed out until RestartGroup, so its order is never
+	// broken.
+	StopGroup Exhausted = "stop"
+)
+
+// DeadLetter is a message that used its attempts and was moved out of its
+// group (Exhausted DeadLetterHead).
+type DeadLetter struct {
+	Group    string
+	Seq      int64 // its seq when queued; a redrive puts it back with it
+	Event    string
+	Priority int // its group's priority when it died
+	Attempts int // the hand-outs it had
+	// LastError is the cause of the last Fail, "" if it never failed
+	// (its leases lapsed).
+	LastError string
+	// PublishedAt and DiedAt are by the database server's clock.
+	// PublishedAt is zero for a message queued before schema version 10.
+	PublishedAt time.Time
+	DiedAt      time.Time
+}
+
+// DeadLetterQuery selects a page of dead letters, in seq order.
+type DeadLetterQuery struct {
+	Group string // "" means every group
+	After int64  // only seqs after it: 0 from the start, else the last Seq of the previous page
+	Limit int    // the page size: 0 means DefaultDeadLetterLimit; at most MaxBatch
+}
+
+// DeadLetterFilter selects the dead letters Redrive and PurgeDeadLetters act
+// on: those of Group ("" means every group) whose seq is in Seqs. Seqs nil
+// means every seq; a non-nil empty Seqs selects nothing (so a list that
+// came out empty never acts on them all). At most MaxBatch seqs.
+type DeadLetterFilter struct {
+	Group string
+	Seqs  []int64
 }
 
 // Config configures a transport. The zero value works: objects in the
@@ -135,8 +234,10 @@ type Config struct {
 	// in different schemas never see each other's messages.
 	Schema string
 
-	// SkipApply leaves the database alone on open: for teams that load the
-	// script (`make schema`, schema.SQL) with their own migration tool.
+	// SkipApply leaves the schema alone on open: for teams that load the
+	// script (`make schema`, schema.SQL) with their own migration tool. A
+	// queue policy the Config sets (MaxAttempts, RetryBackoffMin,
+	// RetryBackoffMax, OnExhausted) is still written on open.
 	SkipApply bool
 
 	// Clock, if set, supplies "now" for leases, parks and acks. Nil means
@@ -178,6 +279,35 @@ type Config struct {
 	// Higher: more throughput on hot groups, a longer wait for the others.
 	// 0 means DefaultMaxKeep; -1 never keeps.
 	MaxKeep int
+
+	// MaxAttempts is the queue's limit on hand-outs of one message
+	// (Lease.Attempt): once a message has been handed out this many times
+	// without an ack, the queue does OnExhausted with it, at the Fail of
+	// the last attempt or at the next claim of its group (its last lease
+	// lapsed). It is the queue's, kept in the database
+	// (transport_policy), so every consumer applies it, plain-SQL ones
+	// included: a transport opened with it set writes it there. 0 leaves
+	// the queue's setting (DefaultMaxAttempts for a new queue); Unlimited
+	// retries forever.
+	MaxAttempts int
+
+	// RetryBackoffMin and RetryBackoffMax bound how long a Fail parks the
+	// group: exponential in the attempt, with jitter (half fixed, half
+	// random). The queue's, as MaxAttempts: 0 leaves the queue's setting
+	// (DefaultRetryBackoffMin, DefaultRetryBackoffMax for a new queue);
+	// else MinRetryBackoff to MaxRetryBackoff, min not above max.
+	RetryBackoffMin time.Duration
+	RetryBackoffMax time.Duration
+
+	// OnExhausted is what the queue does with a head that used its
+	// attempts: DeadLetterHead (a new queue's choice) or StopGroup. The
+	// queue's, as MaxAttempts: "" leaves the queue's setting.
+	OnExhausted Exhausted
+
+	// DedupWindow is how long a Message.DedupKey published through this
+	// transport holds off a duplicate. 0 means DefaultDedupWindow; at most
+	// MaxDedupWindow.
+	DedupWindow time.Duration
 
 	// Vacuum, if positive, makes an async Transport vacuum the queue
 	// tables itself, checking this often and vacuuming a table once it has

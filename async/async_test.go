@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -78,6 +79,39 @@ func (b blocking) ClaimWait(ctx context.Context, workerID string, visibility tim
 	return r.Value, r.Err
 }
 
+func (b blocking) Fail(ctx context.Context, l *pgtransport.Lease, cause error) error {
+	return <-b.t.Fail(ctx, l, cause)
+}
+
+func (b blocking) PublishMessage(ctx context.Context, msg pgtransport.Message) (int64, error) {
+	r := <-b.t.PublishMessage(ctx, msg)
+	return r.Value, r.Err
+}
+
+func (b blocking) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) (int64, error) {
+	r := <-b.t.PublishMessageTx(ctx, tx, msg)
+	return r.Value, r.Err
+}
+
+func (b blocking) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) ([]pgtransport.DeadLetter, error) {
+	r := <-b.t.DeadLetters(ctx, q)
+	return r.Value, r.Err
+}
+
+func (b blocking) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error) {
+	r := <-b.t.Redrive(ctx, f)
+	return r.Value, r.Err
+}
+
+func (b blocking) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error) {
+	r := <-b.t.PurgeDeadLetters(ctx, f)
+	return r.Value, r.Err
+}
+
+func (b blocking) RestartGroup(ctx context.Context, group string, skipHead bool) error {
+	return <-b.t.RestartGroup(ctx, group, skipHead)
+}
+
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) *async.Transport {
 	t.Helper()
 	tr, err := async.New(context.Background(), db.(*pgxpool.Pool), cfg)
@@ -89,8 +123,13 @@ func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) *async.Transport {
 }
 
 func TestContract(t *testing.T) {
-	contract.Run(t, func(t *testing.T, db core.DBTX, cfg pgtransport.Config) contract.Transport {
-		return blocking{open(t, db, cfg)}
+	contract.Run(t, func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
+		tr, err := async.New(context.Background(), db.(*pgxpool.Pool), cfg)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(tr.Close)
+		return blocking{tr}, nil
 	})
 }
 
@@ -155,6 +194,8 @@ func resultType(v reflect.Type) (reflect.Type, bool) {
 		return reflect.TypeFor[async.Result[[]*pgtransport.Lease]](), true
 	case reflect.TypeFor[[]error]():
 		return reflect.TypeFor[async.Result[[]error]](), true
+	case reflect.TypeFor[[]pgtransport.DeadLetter]():
+		return reflect.TypeFor[async.Result[[]pgtransport.DeadLetter]](), true
 	}
 	return nil, false
 }

@@ -9,6 +9,13 @@
 // notify) instead of polling, or when one goroutine drives many leases at
 // once (StreamConfig.MaxInFlight).
 //
+// The guarantees are package sync's (see its doc): FIFO per group, one
+// holder per group, at least once with attempts counted and poison
+// messages dead-lettered or their group stopped by the queue's policy,
+// fencing, idempotent publish. A Stream gives back a lease nobody received
+// without counting it as an attempt; a lease it delivered leaves its count
+// of leases in flight once acked, nacked or failed through the Transport.
+//
 // Every goroutine the package starts belongs to a Transport, and Close stops
 // it and waits for it.
 package async

@@ -25,7 +25,7 @@ type StreamConfig struct {
 	// MinPriority is the priority floor: only groups at or above it.
 	MinPriority int
 	// MaxInFlight bounds the leases the stream holds at once: received and
-	// not yet acked or nacked, plus those claimed and waiting in C. So it
+	// not yet acked, nacked or failed, plus those claimed and waiting in C. So it
 	// is also how many groups the stream draws from at once, and the most
 	// it claims in one round-trip. 0 means 1; at most pgtransport.MaxBatch.
 	// While it claims, a stream has up to two round-trips in flight, on two
@@ -51,11 +51,12 @@ type StreamConfig struct {
 // claim.
 //
 // It holds at most MaxInFlight leases: a lease counts from its claim until
-// it is acked or nacked through the Transport or its visibility runs out.
-// C is buffered (MaxInFlight); a lease that waits there unreceived for half
-// its visibility is given back (nack with no delay) before it can lapse,
-// and the stream then holds its claims back until a receiver shows it is
-// at work, so that other consumers get those groups (see gate).
+// it is acked, nacked or failed through the Transport or its visibility
+// runs out. C is buffered (MaxInFlight); a lease that waits there
+// unreceived for half its visibility is given back (free at once, not
+// counted as an attempt) before it can lapse, and the stream then holds
+// its claims back until a receiver shows it is at work, so that other
+// consumers get those groups (see gate).
 //
 // While idle it waits, without polling, for the first of: a notification of
 // a new group (LISTEN/NOTIFY), an ack, nack or publish through the same
@@ -212,7 +213,8 @@ func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 }
 
 // release frees the slot of a lease settled outside the stream's
-// round-trips (a nack, AckMany, AckNext); false if the stream did not hold it.
+// round-trips (a nack, a fail, AckMany, AckNext); false if the stream did
+// not hold it.
 func (s *Stream) release(l *pgtransport.Lease) bool {
 	s.mu.Lock()
 	held := s.ledger.release(l)
@@ -465,7 +467,7 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	s.mu.Unlock()
 	if len(overflow) > 0 {
 		s.report(fmt.Errorf("stream: %d leases over MaxInFlight given back", len(overflow)))
-		s.nackAll(ctx, overflow)
+		s.giveBack(ctx, overflow)
 	}
 	return len(fresh), len(claimed), core.Freed(settled), nil
 }
@@ -578,7 +580,7 @@ func (s *Stream) waiterName() string {
 func (s *Stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
 
 // giveBackStale takes back from C the leases that waited there too long
-// and nacks them; the rest go back into C.
+// and gives them back; the rest go back into C.
 func (s *Stream) giveBackStale(ctx context.Context) {
 	now := time.Now()
 	var stale, keep []*pgtransport.Lease
@@ -595,7 +597,7 @@ func (s *Stream) giveBackStale(ctx context.Context) {
 	for _, l := range keep {
 		s.out <- l
 	}
-	s.nackAll(ctx, stale)
+	s.giveBack(ctx, stale)
 	s.mu.Lock()
 	s.ledger.received(now) // past due and not in C: received, so not given back
 	if len(stale) > 0 {    // receivers are not keeping up: claim less (gate)
@@ -617,10 +619,11 @@ func (s *Stream) drain() []*pgtransport.Lease {
 	}
 }
 
-// nackAll gives leases back with no delay: each group is first in line
-// again with the same head, and each nack wakes a parked caller here (as
-// core.Nack does). It runs even when ctx has ended.
-func (s *Stream) nackAll(ctx context.Context, leases []*pgtransport.Lease) {
+// giveBack gives back leases nobody received (core.Release): each group is
+// free at once, first in line, with the same head, the hand-out not
+// counted as an attempt, and each give-back wakes a parked caller here
+// (as core.Release does). It runs even when ctx has ended.
+func (s *Stream) giveBack(ctx context.Context, leases []*pgtransport.Lease) {
 	if len(leases) == 0 {
 		return
 	}
@@ -630,7 +633,7 @@ func (s *Stream) nackAll(ctx context.Context, leases []*pgtransport.Lease) {
 		s.mu.Lock()
 		s.ledger.drop(keyOf(l))
 		s.mu.Unlock()
-		if err := s.t.core.Nack(ctx, l, 0); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
+		if err := s.t.core.Release(ctx, l); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 			s.report(err) // it comes back after its visibility instead
 		}
 	}
@@ -688,7 +691,7 @@ func (s *Stream) finish(parent context.Context) {
 		acks, _ = s.acks.take() // those split off to settle alone
 		s.mu.Unlock()
 	}
-	s.nackAll(ctx, s.drain())
+	s.giveBack(ctx, s.drain())
 	if s.sub != nil {
 		s.sub.Close()
 		_ = s.t.core.Unwait(ctx, s.waiter) // best effort: the row lapses anyway

@@ -112,8 +112,8 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 // flight have (milliseconds); with one that stopped answering, within
 // about twice closeGrace (5 s: the grace, then a give-back's own bound).
 // Leases a stream had claimed
-// but not yet handed to its receiver are given back at once (nack with no
-// delay), so they are not held until their visibility runs out; leases
+// but not yet handed to its receiver are given back at once (free, first
+// in line, not counted as an attempt), so they are not held until their visibility runs out; leases
 // already received stay the receiver's and come back after their
 // visibility unless settled with another transport. A ClaimWait waiting
 // for work ends at once with ErrClosed; if its claim was in flight, the
@@ -179,6 +179,27 @@ func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event strin
 	})
 }
 
+// PublishMessage appends msg to its group's FIFO and delivers its seq;
+// with a msg.DedupKey it is idempotent, delivering the first message's seq
+// for a duplicate within Config.DedupWindow. As
+// sync.Transport.PublishMessage. One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.PublishMessage says.
+func (t *Transport) PublishMessage(ctx context.Context, msg pgtransport.Message) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		return t.core.PublishMessage(ctx, msg)
+	})
+}
+
+// PublishMessageTx is PublishMessage inside the caller's transaction, as
+// sync.Transport.PublishMessageTx. The transaction is in use until the
+// result is delivered; do not use it meanwhile.
+func (t *Transport) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		return t.core.PublishMessageTx(ctx, tx, msg)
+	})
+}
+
 // Claim leases the claimable group (priority >= minPriority) that was served
 // longest ago and delivers its head, held for visibility, or a nil lease
 // when nothing is claimable: like the blocking Claim, it does not wait for
@@ -241,6 +262,24 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 	})
 }
 
+// Fail ends the lease as a failed attempt, recording cause's text on the
+// message; by the queue's policy the group is parked for a backoff, or
+// the message is dead-lettered, or the group stopped. As
+// sync.Transport.Fail: fenced like Ack (ErrLeaseLost if the lease no
+// longer holds, and nothing changed). A lease a Stream delivered leaves
+// the stream's count of leases in flight, as with Nack. One round-trip.
+//
+// A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Fail says.
+func (t *Transport) Fail(ctx context.Context, lease *pgtransport.Lease, cause error) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		_, err := t.core.Fail(ctx, lease, cause)
+		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
+			t.forget(lease)
+		}
+		return err
+	})
+}
+
 // Extend makes the lease hold until now+visibility. ErrLeaseLost if the
 // lease no longer holds. One round-trip.
 //
@@ -257,7 +296,8 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 }
 
 // PublishMany appends every message in one round-trip, in slice order, and
-// delivers their seqs in that order; as sync.Transport.PublishMany.
+// delivers their seqs in that order, each DedupKey honoured; as
+// sync.Transport.PublishMany.
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
@@ -318,6 +358,46 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 			t.forget(lease)
 		}
 		return next, err
+	})
+}
+
+// DeadLetters delivers a page of the queue's dead letters, in seq order;
+// as sync.Transport.DeadLetters.
+func (t *Transport) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) <-chan Result[[]pgtransport.DeadLetter] {
+	return call(t, ctx, func(ctx context.Context) ([]pgtransport.DeadLetter, error) {
+		return t.core.DeadLetters(ctx, q)
+	})
+}
+
+// Redrive puts the dead letters f selects back at the heads of their
+// groups, in their original order, and delivers how many; as
+// sync.Transport.Redrive.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		return t.core.Redrive(ctx, f)
+	})
+}
+
+// PurgeDeadLetters deletes the dead letters f selects and delivers how
+// many; as sync.Transport.PurgeDeadLetters.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		return t.core.PurgeDeadLetters(ctx, f)
+	})
+}
+
+// RestartGroup resumes a stopped group, dead-lettering its head first
+// with skipHead; ErrGroupNotStopped if it is not stopped. As
+// sync.Transport.RestartGroup.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		return t.core.RestartGroup(ctx, group, skipHead)
 	})
 }
 

@@ -15,11 +15,21 @@
 //   - One holder per group: while a lease on a group holds, no other claim
 //     returns any message of that group; workers lease different groups in
 //     parallel (FOR NO KEY UPDATE SKIP LOCKED, no global lock).
-//   - At least once: a published message is handed out until it is acked.
-//     A lease that is neither acked nor nacked lapses after its visibility,
-//     and the same message (still the head) goes to the next claimer.
-//   - Fencing: Ack, Nack and Extend act only while the lease's token still
-//     holds its group; otherwise they return ErrLeaseLost and change nothing.
+//   - At least once: a published message is handed out until it is acked,
+//     or dead-lettered once it has used the queue's attempts
+//     (Config.MaxAttempts; Lease.Attempt counts them). A lease that is
+//     neither acked nor nacked lapses after its visibility, and the same
+//     message (still the head) goes to the next claimer; that counts as an
+//     attempt.
+//   - Poison messages never block their group for good: Fail parks the
+//     group for a growing backoff, and the attempt that uses the last one
+//     dead-letters the head (the group goes on) or, by the queue's policy,
+//     stops the group until RestartGroup.
+//   - Fencing: Ack, Nack, Fail and Extend act only while the lease's token
+//     still holds its group; otherwise they return ErrLeaseLost and change
+//     nothing.
+//   - Idempotent publish: a Message.DedupKey seen for its group within
+//     Config.DedupWindow stores nothing and returns the first seq.
 //   - Round-robin: a claim takes the group served longest ago; groups never
 //     served come first.
 //

@@ -25,13 +25,13 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) contract.Transport {
+func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
 	t.Helper()
 	tr, err := pgsync.New(context.Background(), db, cfg)
 	if err != nil {
-		t.Fatalf("New: %v", err)
+		return nil, err
 	}
-	return tr
+	return tr, nil
 }
 
 func TestContract(t *testing.T) { contract.Run(t, open) }

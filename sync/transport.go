@@ -94,10 +94,15 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 // in order within each group), and returns their seqs in that order. A
 // message that creates its group gives it its priority. A batch is 1 to
 // pgtransport.MaxBatch messages; one bad message refuses the whole batch
-// with a typed error naming it, and nothing is written.
+// with a typed error naming it, and nothing is written. A message with a
+// DedupKey is deduplicated as by PublishMessage, against earlier
+// publishes and earlier messages of the batch: a repeat stores nothing
+// and returns the first one's seq.
 //
 // A lost reply (ErrOutcomeUnknown): the whole batch was appended, or none
-// of it; publishing it again may add a second copy of each.
+// of it; publishing it again may add a second copy of each message
+// without a DedupKey (those with one are not stored twice within the
+// window).
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
 	if err := t.check("publish"); err != nil {
 		return nil, err
@@ -113,6 +118,34 @@ func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event strin
 		return 0, err
 	}
 	return t.core.PublishTx(ctx, tx, group, event, priority)
+}
+
+// PublishMessage appends msg to its group's FIFO and returns its seq, as
+// Publish. With a msg.DedupKey it is idempotent: if the same (group, key)
+// was published within Config.DedupWindow, it writes nothing and returns
+// the seq of that first message (even if that one was since acked), and
+// concurrent publishes of one key store exactly one message. A bad key is
+// ErrInvalidDedupKey, and nothing is written. One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): with a DedupKey, publish it again
+// within the window: it returns the seq of the one stored, or stores it
+// now. Without one, as Publish.
+func (t *Transport) PublishMessage(ctx context.Context, msg pgtransport.Message) (int64, error) {
+	if err := t.check("publish"); err != nil {
+		return 0, err
+	}
+	return t.core.PublishMessage(ctx, msg)
+}
+
+// PublishMessageTx is PublishMessage inside the caller's transaction: the
+// message and its dedup key commit or roll back with the caller's own
+// writes. A concurrent publish of the same key waits for that transaction
+// and, if it rolls back, stores its own message.
+func (t *Transport) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) (int64, error) {
+	if err := t.check("publish"); err != nil {
+		return 0, err
+	}
+	return t.core.PublishMessageTx(ctx, tx, msg)
 }
 
 // Claim leases the claimable group (priority >= minPriority) that was served
@@ -226,6 +259,33 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 	return t.core.Nack(ctx, lease, delay)
 }
 
+// Fail ends the lease as a failed attempt: it records cause's text on the
+// message (nil: none; made valid UTF-8, without NUL bytes, and cut to
+// pgtransport.MaxErrorBytes) and, by the queue's policy (Config.MaxAttempts,
+// RetryBackoffMin/Max, OnExhausted): while the message has attempts left
+// (Lease.Attempt below MaxAttempts), parks the group for a backoff that
+// doubles with each attempt, with jitter, within the policy's bounds (the
+// message stays its head, and is handed out again, to any worker, when
+// the backoff ends); otherwise it moves the message to the dead letters
+// and frees the group for its next message, or (StopGroup) stops the
+// group with the message still its head until RestartGroup. Either way
+// the lease is over: unlike Nack with a delay, which parks under the
+// lease, a later Ack, Nack or Extend of it returns ErrLeaseLost. Fenced
+// like Ack: ErrLeaseLost if the lease no longer holds, and nothing
+// changed. One round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): it applied whole, or nothing changed
+// and the lease holds until it lapses; either way the message is handed
+// out again later (as its next attempt), unless this Fail dead-lettered
+// it or stopped its group.
+func (t *Transport) Fail(ctx context.Context, lease *pgtransport.Lease, cause error) error {
+	if err := t.check("fail"); err != nil {
+		return err
+	}
+	_, err := t.core.Fail(ctx, lease, cause)
+	return err
+}
+
 // Extend makes the lease hold until now+visibility, for handlers that run
 // long. ErrLeaseLost if the lease no longer holds. One round-trip.
 //
@@ -236,4 +296,61 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 		return err
 	}
 	return t.core.Extend(ctx, lease, visibility)
+}
+
+// DeadLetters returns a page of the queue's dead letters, in seq order:
+// those of q.Group ("" every group) with a seq after q.After, at most
+// q.Limit (0: pgtransport.DefaultDeadLetterLimit; at most
+// pgtransport.MaxBatch). Page on with After set to the last Seq returned.
+// A read. One round-trip.
+func (t *Transport) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) ([]pgtransport.DeadLetter, error) {
+	if err := t.check("dead letters"); err != nil {
+		return nil, err
+	}
+	return t.core.DeadLetters(ctx, q)
+}
+
+// Redrive puts the dead letters f selects back into their groups and
+// returns how many: each at the head of its group with its own seq, so in
+// their original order and ahead of the messages published after them; a
+// group that drained meanwhile is created again. Each is then a fresh
+// message (Lease.Attempt starts at 1 again). Safe against concurrent
+// publishers and consumers. One round-trip, one transaction.
+//
+// A lost reply (ErrOutcomeUnknown): all were put back, or none; Redrive
+// again puts back those still dead.
+func (t *Transport) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error) {
+	if err := t.check("redrive"); err != nil {
+		return 0, err
+	}
+	return t.core.Redrive(ctx, f)
+}
+
+// PurgeDeadLetters deletes the dead letters f selects for good and returns
+// how many. One round-trip, one transaction.
+//
+// A lost reply (ErrOutcomeUnknown): all were deleted, or none; purging
+// again deletes those left.
+func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error) {
+	if err := t.check("purge dead letters"); err != nil {
+		return 0, err
+	}
+	return t.core.PurgeDeadLetters(ctx, f)
+}
+
+// RestartGroup resumes a group the queue stopped (policy
+// pgtransport.StopGroup): it goes back into the round-robin and its head
+// gets fresh attempts; with skipHead the head is first moved to the dead
+// letters, and the group goes on with its next message.
+// ErrGroupNotStopped if the group is not stopped, and nothing changed. One
+// round-trip.
+//
+// A lost reply (ErrOutcomeUnknown): it was restarted, or nothing changed;
+// RestartGroup again tells which (ErrGroupNotStopped: the first one did,
+// unless the group stopped again since).
+func (t *Transport) RestartGroup(ctx context.Context, group string, skipHead bool) error {
+	if err := t.check("restart group"); err != nil {
+		return err
+	}
+	return t.core.RestartGroup(ctx, group, skipHead)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -33,11 +34,19 @@ type Transport interface {
 	AckMany(ctx context.Context, leases []*pgtransport.Lease) ([]error, error)
 	AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error)
 	ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error)
+	Fail(ctx context.Context, lease *pgtransport.Lease, cause error) error
+	PublishMessage(ctx context.Context, msg pgtransport.Message) (int64, error)
+	PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) (int64, error)
+	DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) ([]pgtransport.DeadLetter, error)
+	Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error)
+	PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error)
+	RestartGroup(ctx context.Context, group string, skipHead bool) error
 }
 
-// Open returns the transport under test on db with cfg; the test owns it
-// (register any Close with t.Cleanup).
-type Open func(t *testing.T, db core.DBTX, cfg pgtransport.Config) Transport
+// Open returns the transport under test on db with cfg, or the error its
+// constructor returned; the test owns it (register any Close with
+// t.Cleanup).
+type Open func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (Transport, error)
 
 // Clock is a settable clock for Config.Clock.
 type Clock struct {
@@ -68,6 +77,10 @@ type env struct {
 	// openDB opens a transport on another test database (its schema
 	// loaded as the case needs), with the same clock.
 	openDB func(db *pgtest.DB) Transport
+	// openCfg opens another transport on the same schema with cfg
+	// (its Schema and Clock set to the case's), or returns the error
+	// its constructor returned.
+	openCfg func(cfg pgtransport.Config) (Transport, error)
 }
 
 func (e *env) ctx() context.Context {
@@ -137,10 +150,21 @@ func Run(t *testing.T, open Open) {
 			clock := NewClock()
 			cfg := pgtransport.Config{Schema: db.Schema, Clock: clock.Now}
 			e := &env{t: t, clock: clock, db: db}
-			e.open = func() Transport { return open(t, db.Pool, cfg) }
-			e.openOn = func(pool *pgxpool.Pool) Transport { return open(t, pool, cfg) }
+			must := func(tr Transport, err error) Transport {
+				t.Helper()
+				if err != nil {
+					t.Fatalf("open: %v", err)
+				}
+				return tr
+			}
+			e.open = func() Transport { return must(open(t, db.Pool, cfg)) }
+			e.openOn = func(pool *pgxpool.Pool) Transport { return must(open(t, pool, cfg)) }
 			e.openDB = func(other *pgtest.DB) Transport {
-				return open(t, other.Pool, pgtransport.Config{Schema: other.Schema, Clock: clock.Now})
+				return must(open(t, other.Pool, pgtransport.Config{Schema: other.Schema, Clock: clock.Now}))
+			}
+			e.openCfg = func(c pgtransport.Config) (Transport, error) {
+				c.Schema, c.Clock = db.Schema, clock.Now
+				return open(t, db.Pool, c)
 			}
 			e.tr = e.open()
 			tc.run(is, e)

@@ -27,10 +27,10 @@ func init() {
 
 // overlappingPublishAck: two publishes to one group that overlap have no
 // order but their commits': a claim hands out the higher seq while the
-// lower is uncommitted, and the ack of what it handed out is accepted
-// (the server keeps no record of which message a claim handed out, so it
-// cannot tell this ack from one of a message behind the head, and refuses
-// neither). The lower seq comes next.
+// lower is uncommitted, and the ack of what it handed out is accepted:
+// the server records which message a claim handed out (since schema
+// version 10), so this ack passes where one of a message behind the head
+// under the same token is refused. The lower seq comes next.
 func overlappingPublishAck(is *is.I, e *env) {
 	e.publish("g", "m0", 0)
 	first := e.claim("w", 0) // m0: the group row exists from here on

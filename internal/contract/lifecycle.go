@@ -182,6 +182,22 @@ func afterClose(t *testing.T, db *pgtest.DB, tr Closer) {
 		"AckNext": func() error { _, err := tr.AckNext(ctx, lease, time.Minute); return err },
 		"Nack":    func() error { return tr.Nack(ctx, lease, 0) },
 		"Extend":  func() error { return tr.Extend(ctx, lease, time.Minute) },
+		"Fail":    func() error { return tr.Fail(ctx, lease, errors.New("x")) },
+		"PublishMessage": func() error {
+			_, err := tr.PublishMessage(ctx, pgtransport.Message{Group: "h", Event: "x", DedupKey: "k"})
+			return err
+		},
+		"PublishMessageTx": func() error {
+			_, err := tr.PublishMessageTx(ctx, tx, pgtransport.Message{Group: "h", Event: "x", DedupKey: "k"})
+			return err
+		},
+		"DeadLetters": func() error { _, err := tr.DeadLetters(ctx, pgtransport.DeadLetterQuery{}); return err },
+		"Redrive":     func() error { _, err := tr.Redrive(ctx, pgtransport.DeadLetterFilter{}); return err },
+		"PurgeDeadLetters": func() error {
+			_, err := tr.PurgeDeadLetters(ctx, pgtransport.DeadLetterFilter{})
+			return err
+		},
+		"RestartGroup": func() error { return tr.RestartGroup(ctx, "g", false) },
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, pgtransport.ErrClosed) {

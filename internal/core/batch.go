@@ -1,18 +1,21 @@
 package core
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtransport/pgtransport"
 )
 
 // PublishMany appends every message in one round-trip, in slice order (so
 // in order within each group), and returns their seqs in the same order.
-// A message that creates its group gives it its priority. It wakes a
-// parked caller per message.
+// A message that creates its group gives it its priority. A message with a
+// DedupKey whose (group, key) was published within Config.DedupWindow, or
+// earlier in the batch, is not stored: its seq is the first one's. It
+// wakes a parked caller per message.
 func (c *Core) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
 	seqs, err := c.publishMany(ctx, msgs)
 	c.parking.Wake(wakesPublish(len(msgs), err))
@@ -26,16 +29,29 @@ func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]i
 	groups := make([]string, len(msgs))
 	events := make([]string, len(msgs))
 	prios := make([]int32, len(msgs))
+	keys := make([]*string, len(msgs)) // NULL: no key
+	keyed := false
 	for i, m := range msgs {
-		if err := cmp.Or(checkGroup(m.Group), c.checkEvent(m.Event), checkPriority(m.Priority)); err != nil {
+		if err := c.checkMessage(m); err != nil {
 			return nil, fmt.Errorf("publish: message %d: %w", i, err)
 		}
 		groups[i], events[i], prios[i] = m.Group, m.Event, int32(m.Priority)
+		if m.DedupKey != "" {
+			keys[i], keyed = &msgs[i].DedupKey, true
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
-	rows, err := c.db.Query(ctx, c.q.publishMany, groups, events, prios)
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if keyed { // the keyed publish only when it is needed: the plain one is cheaper
+		rows, err = c.db.Query(ctx, c.q.publishKeyed, groups, events, prios, keys, c.cfg.DedupWindow.Seconds())
+	} else {
+		rows, err = c.db.Query(ctx, c.q.publishMany, groups, events, prios)
+	}
 	if err != nil {
 		return nil, mapErr("publish", err)
 	}
@@ -155,9 +171,10 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 			held        bool
 			seq         *int64
 			event       *string
+			attempt     *int
+			age         *float64
 		)
-		// nil: the lease end by the server's clock; Expiry is localExpiry.
-		if err := rows.Scan(&kind, &group, &held, &seq, &event, nil); err != nil {
+		if err := rows.Scan(&kind, &group, &held, &seq, &event, &attempt, &age); err != nil {
 			return nil, nil, mapErr("exchange", err)
 		}
 		switch kind {
@@ -173,11 +190,13 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 			case seq != nil:
 				l := *acks[i]
 				l.Seq, l.Event, l.Expiry, l.Kept = *seq, *event, localExpiry(sent, visibility), acks[i].Kept+1
+				l.Attempt, l.PublishedAt = deref(attempt), localPublished(sent, age)
 				s.Next = &l
 			}
 			settled = append(settled, s)
 		case "c":
-			claimed = append(claimed, &pgtransport.Lease{Group: group, Seq: *seq, Event: *event, Token: token, Expiry: localExpiry(sent, visibility)})
+			claimed = append(claimed, &pgtransport.Lease{Group: group, Seq: *seq, Event: *event, Token: token,
+				Expiry: localExpiry(sent, visibility), Attempt: deref(attempt), PublishedAt: localPublished(sent, age)})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -187,6 +206,14 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 		return nil, nil, fmt.Errorf("exchange: %d results for %d acks", len(settled), n)
 	}
 	return settled, claimed, nil
+}
+
+// deref is *p, or 0 for nil.
+func deref(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 // ReleasesAny reports whether acking leases with keep frees some group for
@@ -217,7 +244,8 @@ func checkBatch(n int) error {
 // until the earliest lease or park among the claimable groups runs out, or
 // for at most Config.IdleSweep. It returns ctx's error when ctx ends, and
 // ErrClosed once the Parking is closed: a lease claimed by the round-trip
-// in flight then is given back (nack with no delay), as nobody will take it.
+// in flight then is given back (Release: free at once, not counted as an
+// attempt), as nobody will take it.
 func (c *Core) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
 	p := &c.parking
 	for {
@@ -287,13 +315,14 @@ func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility tim
 	return settled[0].Next, nil
 }
 
-// giveBack nacks l with no delay, even when ctx has ended (under a short
-// timeout of its own): a lease nobody will work on is first in line again
-// at once instead of after its visibility. A failure leaves it to lapse.
+// giveBack releases l (Release: free at once, first in line, the attempt
+// not counted), even when ctx has ended (under a short timeout of its
+// own): a lease nobody will work on is claimable again at once instead of
+// after its visibility. A failure leaves it to lapse (and count).
 func (c *Core) giveBack(ctx context.Context, l *pgtransport.Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
-	_ = c.Nack(ctx, l, 0)
+	_ = c.Release(ctx, l)
 }
 
 // giveBackTimeout bounds a give-back during shutdown.

@@ -94,3 +94,54 @@ func checkLease(l *pgtransport.Lease) error {
 func CheckClaim(workerID string, visibility time.Duration, minPriority int) error {
 	return cmp.Or(checkWorkerID(workerID), checkVisibility(visibility), checkPriority(minPriority))
 }
+
+// checkDedupKey checks a Message.DedupKey: "" (no key) or at most
+// MaxDedupKeyBytes of valid UTF-8 without NUL.
+func checkDedupKey(key string) error {
+	switch {
+	case len(key) > pgtransport.MaxDedupKeyBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", pgtransport.ErrInvalidDedupKey, len(key), pgtransport.MaxDedupKeyBytes)
+	case !checkText(key):
+		return fmt.Errorf("%w: not valid UTF-8 or holds a NUL byte", pgtransport.ErrInvalidDedupKey)
+	}
+	return nil
+}
+
+// checkMessage checks a message to publish.
+func (c *Core) checkMessage(m pgtransport.Message) error {
+	return cmp.Or(checkGroup(m.Group), c.checkEvent(m.Event), checkPriority(m.Priority), checkDedupKey(m.DedupKey))
+}
+
+// checkStoredGroup checks a group id that names groups or dead letters
+// already stored. As checkLease, not by the publish-side rule (a group
+// published before the schema enforced it must stay reachable): only an
+// id no database holds is refused, and "".
+func checkStoredGroup(group string) error {
+	switch {
+	case group == "":
+		return fmt.Errorf("%w: empty", pgtransport.ErrInvalidGroup)
+	case strings.ContainsRune(group, 0):
+		return fmt.Errorf("%w: holds a NUL byte, which no database holds", pgtransport.ErrInvalidGroup)
+	}
+	return nil
+}
+
+// CauseText is the text Fail records for cause: its Error() ("" for nil),
+// made valid UTF-8 (each invalid byte sequence becomes U+FFFD), without
+// NUL bytes, and cut to at most MaxErrorBytes at a rune boundary, so the
+// database always accepts it and a long cause costs a bounded write.
+func CauseText(cause error) string {
+	if cause == nil {
+		return ""
+	}
+	s := strings.ToValidUTF8(cause.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= pgtransport.MaxErrorBytes {
+		return s
+	}
+	cut := pgtransport.MaxErrorBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}

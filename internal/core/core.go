@@ -40,8 +40,9 @@ type Core struct {
 	parking  Parking // this core's idle callers; see wake.go for who wakes them
 }
 
-// New checks cfg, fills its defaults and, unless cfg.SkipApply, applies the
-// schema.
+// New checks cfg, fills its defaults, unless cfg.SkipApply applies the
+// schema, and writes the queue policy fields cfg sets (see writePolicy),
+// SkipApply or not.
 func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	cfg, err := Defaults(cfg)
 	if err != nil {
@@ -56,6 +57,9 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 		}
 	}
 	q := newStatements(cfg.Schema, cfg.Clock != nil)
+	if err := writePolicy(ctx, db, q, cfg); err != nil {
+		return nil, err
+	}
 	if _, inTx := db.(pgx.Tx); inTx {
 		q.claim = q.claimInTx // a caller's transaction keeps its own commit mode
 	}
@@ -76,10 +80,14 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if cfg.MaxKeep < -1 {
 		return cfg, fmt.Errorf("%w: MaxKeep %d, want -1 (never keep), 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.MaxKeep)
 	}
+	if err := checkPolicy(cfg); err != nil {
+		return cfg, err
+	}
 	cfg.MaxEventBytes = cmp.Or(cfg.MaxEventBytes, pgtransport.DefaultMaxEventBytes)
 	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
 	cfg.IdleSweep = cmp.Or(cfg.IdleSweep, pgtransport.DefaultIdleSweep)
 	cfg.MaxKeep = cmp.Or(cfg.MaxKeep, pgtransport.DefaultMaxKeep)
+	cfg.DedupWindow = cmp.Or(cfg.DedupWindow, pgtransport.DefaultDedupWindow)
 	return cfg, nil
 }
 
@@ -100,33 +108,55 @@ func epoch(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 // Publish appends event to group, readying the group with priority if it
 // is new, and wakes one parked caller.
 func (c *Core) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
-	seq, err := c.publish(ctx, c.db, group, event, priority)
+	return c.PublishMessage(ctx, pgtransport.Message{Group: group, Event: event, Priority: priority})
+}
+
+// PublishMessage appends m (deduplicated by m.DedupKey, if set: a
+// duplicate within Config.DedupWindow writes nothing and returns the
+// first message's seq) and wakes one parked caller.
+func (c *Core) PublishMessage(ctx context.Context, m pgtransport.Message) (int64, error) {
+	seq, err := c.publish(ctx, c.db, m)
 	c.parking.Wake(wakesPublish(1, err))
 	return seq, err
 }
 
-// PublishTx is Publish inside the caller's transaction tx. It wakes nobody:
-// the message is invisible until the caller commits, which the core does
-// not see (async streams learn of it by notification, ClaimWait callers
-// at their next look).
+// PublishTx is Publish inside the caller's transaction tx.
 func (c *Core) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
+	return c.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
+}
+
+// PublishMessageTx is PublishMessage inside the caller's transaction tx.
+// It wakes nobody: the message is invisible until the caller commits,
+// which the core does not see (async streams learn of it by notification,
+// ClaimWait callers at their next look). A dedup key it stores is
+// invisible until then too: a concurrent publish of the same key waits
+// for the caller's transaction, and stores its own if that rolls back.
+func (c *Core) PublishMessageTx(ctx context.Context, tx pgx.Tx, m pgtransport.Message) (int64, error) {
 	if tx == nil {
 		return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
 	}
-	return c.publish(ctx, tx, group, event, priority)
+	return c.publish(ctx, tx, m)
 }
 
-// publish appends event to group through db: the core's handle or a
-// caller's transaction.
-func (c *Core) publish(ctx context.Context, db DBTX, group, event string, priority int) (int64, error) {
-	if err := cmp.Or(checkGroup(group), c.checkEvent(event), checkPriority(priority)); err != nil {
+// publish appends m through db: the core's handle or a caller's
+// transaction. A message with a dedup key goes through the keyed batch
+// publish, a batch of one.
+func (c *Core) publish(ctx context.Context, db DBTX, m pgtransport.Message) (int64, error) {
+	if err := c.checkMessage(m); err != nil {
 		return 0, fmt.Errorf("publish: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("publish: %w", err)
 	}
+	var row pgx.Row
+	if m.DedupKey == "" {
+		row = db.QueryRow(ctx, c.q.publish, m.Group, m.Event, m.Priority)
+	} else {
+		row = db.QueryRow(ctx, c.q.publishKeyed, []string{m.Group}, []string{m.Event}, []int32{int32(m.Priority)},
+			[]string{m.DedupKey}, c.cfg.DedupWindow.Seconds())
+	}
 	var seq int64
-	if err := db.QueryRow(ctx, c.q.publish, group, event, priority).Scan(&seq); err != nil {
+	if err := row.Scan(&seq); err != nil {
 		return 0, mapErr("publish", err)
 	}
 	return seq, nil
@@ -144,8 +174,9 @@ func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Durat
 	token := NewToken(workerID)
 	l := pgtransport.Lease{Token: token}
 	sent := time.Now()
+	var age *float64
 	err := c.db.QueryRow(ctx, c.q.claim, c.now(), visibility.Seconds(), token, minPriority).
-		Scan(&l.Group, &l.Seq, &l.Event, nil) // nil: the lease end by the server's clock, see localExpiry
+		Scan(&l.Group, &l.Seq, &l.Event, &l.Attempt, &age)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -153,7 +184,20 @@ func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Durat
 		return nil, mapErr("claim", err)
 	}
 	l.Expiry = localExpiry(sent, visibility)
+	l.PublishedAt = localPublished(sent, age)
 	return &l, nil
+}
+
+// localPublished is Lease.PublishedAt for a message whose age the server
+// measured (nil: unknown) during a claim sent at sent, by this process's
+// clock: sent less the age. The server measured the age when the claim
+// reached it, after sent, so this is never later than the publish, and
+// earlier by at most the claim's trip to the server.
+func localPublished(sent time.Time, age *float64) time.Time {
+	if age == nil {
+		return time.Time{}
+	}
+	return sent.Add(-time.Duration(*age * float64(time.Second)))
 }
 
 // localExpiry is Lease.Expiry for a lease of visibility asked for at sent,
@@ -182,6 +226,55 @@ func (c *Core) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Durati
 		return fmt.Errorf("nack: %w", err)
 	}
 	err := c.fenced(ctx, "nack", c.q.nack, l.Group, l.Token, delay.Seconds())
+	c.parking.Wake(wakesSettle(err))
+	return err
+}
+
+// FailOutcome is what a Fail did with the lease's message.
+type FailOutcome string
+
+const (
+	FailRetry   FailOutcome = "retry"   // parked for the queue's backoff; the message stays the head
+	FailDead    FailOutcome = "dead"    // moved to transport_dead_letters; the group goes on
+	FailStopped FailOutcome = "stopped" // its attempts used, the group stopped (policy StopGroup)
+)
+
+// Fail ends the lease as a failed attempt: it records cause's text
+// (CauseText) on the message and, as the queue's policy says, parks the
+// group for a backoff, dead-letters the message, or stops the group.
+// ErrLeaseLost (nothing changed) when the lease no longer holds. Like a
+// nack it wakes one parked caller.
+func (c *Core) Fail(ctx context.Context, l *pgtransport.Lease, cause error) (FailOutcome, error) {
+	if err := checkLease(l); err != nil {
+		return "", fmt.Errorf("fail: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("fail: %w", err)
+	}
+	var out *string
+	err := c.db.QueryRow(ctx, c.q.fail, c.now(), l.Group, l.Seq, l.Token, CauseText(cause)).Scan(&out)
+	switch {
+	case err != nil:
+		err = mapErr("fail", err)
+	case out == nil:
+		err = fmt.Errorf("fail: %w", pgtransport.ErrLeaseLost)
+	}
+	c.parking.Wake(wakesSettle(err))
+	if err != nil {
+		return "", err
+	}
+	return FailOutcome(*out), nil
+}
+
+// Release gives back a lease nobody used: its group is free at once, first
+// in line (as Nack with no delay), and the hand-out does not count as an
+// attempt. ErrLeaseLost when it no longer holds. It wakes one parked
+// caller.
+func (c *Core) Release(ctx context.Context, l *pgtransport.Lease) error {
+	if err := checkLease(l); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	err := c.held(ctx, "release", c.q.release, l.Group, l.Token)
 	c.parking.Wake(wakesSettle(err))
 	return err
 }
@@ -235,14 +328,20 @@ func (c *Core) Channel(ctx context.Context) (string, error) {
 // NewToken returns a fresh lease token for workerID.
 func NewToken(workerID string) string { return workerID + ":" + newUUID() }
 
-// fenced runs a statement that answers whether the token still held its
-// group: false is ErrLeaseLost.
+// fenced runs a statement that takes now ($1) and args and answers whether
+// the token still held its group: false is ErrLeaseLost.
 func (c *Core) fenced(ctx context.Context, op, sql string, args ...any) error {
+	return c.held(ctx, op, sql, append([]any{c.now()}, args...)...)
+}
+
+// held runs a statement that answers whether the token still held its
+// group: false is ErrLeaseLost.
+func (c *Core) held(ctx context.Context, op, sql string, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	var held bool
-	if err := c.db.QueryRow(ctx, sql, append([]any{c.now()}, args...)...).Scan(&held); err != nil {
+	if err := c.db.QueryRow(ctx, sql, args...).Scan(&held); err != nil {
 		return mapErr(op, err)
 	}
 	if !held {
@@ -289,10 +388,12 @@ const groupIDConstraint = "transport_messages_group_id_valid"
 // their arguments first, so most of these reach a Go caller only through
 // a hand-made Lease or a caller's own settings.
 var refusals = map[string]error{
+	"PT001": pgtransport.ErrLeaseLost,         // an ack of a seq the lease was not handed (its error says why)
 	"PT002": pgtransport.ErrInvalidWorkerID,   // a NULL or empty lease token (workerID:uuid in Go)
 	"PT003": pgtransport.ErrInvalidVisibility, // a lease or park end that is NULL or not after now
 	"PT004": pgtransport.ErrInvalidDelay,      // a NULL or negative nack delay
 	"PT005": pgtransport.ErrClockSkew,         // now too far from the server's clock
+	"PT006": pgtransport.ErrInvalidDedupKey,   // a dedup key that is empty or longer than MaxDedupKeyBytes
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

@@ -27,7 +27,7 @@ var inputErrors = []error{
 	pgtransport.ErrNilLease, pgtransport.ErrInvalidGroup, pgtransport.ErrInvalidEvent,
 	pgtransport.ErrEventTooLarge, pgtransport.ErrInvalidPriority, pgtransport.ErrInvalidVisibility,
 	pgtransport.ErrInvalidDelay, pgtransport.ErrInvalidWorkerID, pgtransport.ErrInvalidBatch,
-	pgtransport.ErrInvalidConfig, pgtransport.ErrLeaseLost,
+	pgtransport.ErrInvalidConfig, pgtransport.ErrLeaseLost, pgtransport.ErrInvalidDedupKey,
 }
 
 // Permanent reports whether a call that failed with err would fail again

@@ -33,21 +33,29 @@ const (
 	// publishes stay synchronous: what they report done is durable.
 	asyncCommit = `set_config('synchronous_commit', 'off', true)`
 
-	claimSQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
+	// claimSQL claims one group with harel_claim_one (harel_claim's loop
+	// past empty groups, plus the attempt and the message's age).
+	claimSQL = `SELECT c.group_id, c.seq, c.event, c.attempt, c.age
   FROM (SELECT ` + nowExpr + ` AS now, ` + asyncCommit + ` AS sc{k}) AS t,
-       LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
+       LATERAL {s}harel_claim_one(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
 
 	// claimInTxSQL is the claim inside a caller's transaction: it leaves
 	// synchronous_commit alone, which would apply to the caller's writes.
-	claimInTxSQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
+	claimInTxSQL = `SELECT c.group_id, c.seq, c.event, c.attempt, c.age
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
-       LATERAL {s}harel_claim(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
+       LATERAL {s}harel_claim_one(t.now, t.now + $2::float8, $3::text, $4::int) AS c`
 
 	ackSQL = `SELECT {s}harel_ack($2::text, $3::bigint, $4::text, ` + nowExpr + `){kfrom}`
 
 	nackSQL = `SELECT {s}harel_nack($2::text, $3::text, ` + nowExpr + `, $4::float8){kfrom}`
 
 	extendSQL = `SELECT {s}harel_extend($2::text, $3::text, ` + nowExpr + ` + $4::float8){kfrom}`
+
+	// failSQL answers NULL (not held), 'retry', 'dead' or 'stopped'.
+	failSQL = `SELECT {s}harel_fail($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::text){kfrom}`
+
+	// releaseSQL gives an unused lease back, uncounted. It takes no now.
+	releaseSQL = `SELECT {s}harel_release($1::text, $2::text)`
 
 	// waitSQL returns now and the earliest lock_expiry after it, both by
 	// the clock the claims use, so the caller times its sleep as a
@@ -61,9 +69,9 @@ const (
 
 	publishManySQL = `SELECT s FROM {s}harel_publish_many($1::text[], $2::text[], $3::int[]) AS s`
 
-	claimManySQL = `SELECT c.group_id, c.seq, c.event, t.now + $2::float8
-  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
-       LATERAL {s}harel_claim_many(t.now, t.now + $2::float8, $3::text, $4::int, $5::int) AS c`
+	// publishKeyedSQL is publishManySQL with a dedup key per message (NULL:
+	// none) and the window in seconds.
+	publishKeyedSQL = `SELECT s FROM {s}harel_publish_keyed($1::text[], $2::text[], $3::int[], $4::text[], $5::float8) AS s`
 
 	// pendingSQL returns the places (1-based) of the (group, seq) pairs
 	// whose message is still queued: a read, by primary key.
@@ -71,19 +79,38 @@ const (
  WHERE EXISTS (SELECT 1 FROM {s}transport_messages AS m WHERE m.seq = p.s AND m.group_id = p.g)`
 
 	// exchangeSQL settles ($6-$9) and claims ($3-$5) in one round-trip.
-	exchangeSQL = `SELECT e.kind::text, e.group_id, e.held, e.seq, e.event, t.now + $2::float8
+	exchangeSQL = `SELECT e.kind::text, e.group_id, e.held, e.seq, e.event, e.attempt, e.age
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
-       LATERAL {s}harel_exchange(t.now, t.now + $2::float8, $3::text, $4::int, $5::int,
-                                 $6::text[], $7::bigint[], $8::text[], $9::bool[]) AS e`
+       LATERAL {s}harel_exchange_leases(t.now, t.now + $2::float8, $3::text, $4::int, $5::int,
+                                        $6::text[], $7::bigint[], $8::text[], $9::bool[]) AS e`
+
+	// The dead-letter calls and the restart of a stopped group. A NULL
+	// group or seq list means all.
+	deadLettersSQL = `SELECT d.seq, d.group_id, d.event, d.priority, d.attempts, d.last_error, d.published_at, d.died_at
+  FROM {s}harel_dead_letters($1::text, $2::bigint, $3::int) AS d`
+	redriveSQL      = `SELECT {s}harel_redrive($1::text, $2::bigint[])`
+	purgeSQL        = `SELECT {s}harel_purge_dead_letters($1::text, $2::bigint[])`
+	restartGroupSQL = `SELECT {s}harel_restart_group($1::text, $2::bool)`
+
+	// The queue's policy: a plain read and an UPDATE of the fields given
+	// (NULL keeps the stored value).
+	policyGetSQL = `SELECT max_attempts, on_exhausted, backoff_min, backoff_max FROM {s}transport_policy`
+	policySetSQL = `UPDATE {s}transport_policy
+   SET max_attempts = COALESCE($1::int, max_attempts),
+       on_exhausted = COALESCE($2::text, on_exhausted),
+       backoff_min = COALESCE($3::float8, backoff_min),
+       backoff_max = COALESCE($4::float8, backoff_max)`
 )
 
 // statements are the SQL texts bound to one schema.
 type statements struct {
-	publish, claim, ack, nack, extend string
-	claimInTx                         string
-	wait, unwait, channel             string
-	publishMany, claimMany, exchange  string
-	pending                           string
+	publish, claim, ack, nack, extend    string
+	claimInTx, fail, release             string
+	wait, unwait, channel                string
+	publishMany, publishKeyed, exchange  string
+	pending                              string
+	deadLetters, redrive, purge, restart string
+	policyGet, policySet                 string
 }
 
 func newStatements(schema string, clock bool) statements {
@@ -107,9 +134,19 @@ func newStatements(schema string, clock bool) statements {
 		unwait:    bind(unwaitSQL),
 		channel:   bind(channelSQL),
 
-		publishMany: bind(publishManySQL),
-		claimMany:   bind(claimManySQL),
-		exchange:    bind(exchangeSQL),
-		pending:     bind(pendingSQL),
+		fail:    bind(failSQL),
+		release: bind(releaseSQL),
+
+		publishMany:  bind(publishManySQL),
+		publishKeyed: bind(publishKeyedSQL),
+		exchange:     bind(exchangeSQL),
+		pending:      bind(pendingSQL),
+
+		deadLetters: bind(deadLettersSQL),
+		redrive:     bind(redriveSQL),
+		purge:       bind(purgeSQL),
+		restart:     bind(restartGroupSQL),
+		policyGet:   bind(policyGetSQL),
+		policySet:   bind(policySetSQL),
 	}
 }

@@ -20,8 +20,13 @@ package core
 //   - AckNext wakes 1 when it frees the group, nobody when it keeps it.
 //   - Nack wakes 1, with or without a delay: a delay parks the group, and a
 //     parked caller only learns the park's end (to time its sleep by) by
-//     looking again.
-//   - Claim, ClaimMany and Extend wake nobody: they free nothing.
+//     looking again. Fail wakes 1 too, for the same reason, whatever it
+//     came to (parked for a backoff, its head dead-lettered so the group
+//     goes on, or the group stopped), and so does Release (a give-back).
+//   - Redrive wakes 1 per message put back (each may ready a group);
+//     RestartGroup wakes 1.
+//   - Claim, ClaimMany, Extend, DeadLetters and PurgeDeadLetters wake
+//     nobody: they free nothing.
 //   - A call that fails wakes nobody, ErrLeaseLost included. A lost lease
 //     changed nothing: its group is held by whoever claimed it after the
 //     lease ran out, or has been claimable since the lease ran out, a
@@ -39,7 +44,8 @@ func wakesPublish(n int, err error) int {
 	return n
 }
 
-// wakesSettle is how many parked callers an ack or a nack wakes.
+// wakesSettle is how many parked callers an ack, a nack, a fail or a
+// release wakes.
 func wakesSettle(err error) int {
 	if err != nil {
 		return 0
