@@ -25,7 +25,7 @@ vet: ## go vet (library and bench module) and a gofmt check
 schema: ## print the complete SQL script (default names) to stdout
 	@$(GO) run ./internal/cmd/schemasql
 
-bench: ## pgtransport vs the old design vs River, about 3 minutes: table, CSV and SVG chart in $(RESULTS)/
+bench: ## pgtransport vs the old design vs River, poison messages and dedup, about 4 minutes: table, CSV and SVG chart in $(RESULTS)/
 	cd bench && $(GO) run . -out $(abspath $(RESULTS))
 
 bench-full: ## the same, longer runs and more of them

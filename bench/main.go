@@ -36,20 +36,23 @@ type settings struct {
 	riverExt []int         // River's and the async transport's extra worker counts
 	groups   []int         // claim+ack group counts
 	jobs     time.Duration // how long one run of the jobs workload is measured
+	poison   time.Duration // how long one run of the poison suite drains (3 of a group's turns at least)
+	depth    int           // the poison suite's backlog per group (the hot group: 1,000 times it)
+	poisonN  int           // runs of the poison suite (each is long)
 }
 
 var (
 	quick = settings{runs: 3, window: 400 * time.Millisecond, backlog: 20_000, samples: 200, maxCost: 1_000_000,
-		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 4 * time.Second}
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 4 * time.Second, poison: 7 * time.Second, depth: 5, poisonN: 1}
 	full = settings{runs: 5, window: 3 * time.Second, backlog: 150_000, samples: 1000, maxCost: 1_000_000,
-		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 20 * time.Second}
+		workers: []int{1, 4, 16, 64}, riverExt: []int{256, 1024}, groups: []int{1, 100, 10_000}, jobs: 20 * time.Second, poison: 20 * time.Second, depth: 25, poisonN: 3}
 )
 
 func main() {
 	var (
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, jobs, claimcost, latency)")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, jobs, claimcost, latency, poison, dedup)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
@@ -155,6 +158,8 @@ func (r *runner) all(ctx context.Context) error {
 		{"jobs", r.jobs},
 		{"claimcost", r.claimCost},
 		{"latency", r.latency},
+		{"poison", r.poison},
+		{"dedup", r.dedup},
 	}
 	for _, s := range suites {
 		if !r.filter.MatchString(s.name) {

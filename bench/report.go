@@ -165,6 +165,46 @@ func (r *runner) table() string {
 			}
 		}
 	}
+	if r.has("poison") {
+		b.WriteString("\n### Poison messages: one hot group and 10,000 groups, 1% poison\n\n")
+		fmt.Fprintf(&b, "%d run(s) of each. A backlog (%s per group, %s in the hot group) drained for %s by %d workers on one async stream; a poison message's handler always Fails it (MaxAttempts %d, backoff %s-%s). msgs/s counts messages settled: acked, or dead-lettered on their last Fail. Hold: a poison message's first hand-out to the Fail that dead-lettered it; its bound is attempts × backoff max + %s slack = %s. Turn: the time between consecutive hand-outs of one group, which the round-robin sets.\n\n",
+			r.s.poisonN, count(r.s.depth), count(1000*r.s.depth), r.s.poison, poisonWorkers, poisonAttempts, poisonBackoff, poisonBackMax, poisonSlack, poisonAttempts*poisonBackMax+poisonSlack)
+		clean, cok := r.find("poison", "async", "clean", poisonWorkers, poisonGroups+1)
+		b.WriteString("| figure | value | note |\n| --- | ---: | --- |\n")
+		for _, v := range []struct{ variant, note string }{
+			{"clean", "msgs/s without poison"},
+			{"poison", "msgs/s with 1% poison; vs clean: "},
+			{"hold p50", "ms"},
+			{"hold max", "ms"},
+			{"clean/turn p50", "ms"},
+			{"clean/turn p99", "ms"},
+			{"poison/turn p50", "ms"},
+			{"poison/turn p99", "ms"},
+		} {
+			res, ok := r.find("poison", "async", v.variant, poisonWorkers, poisonGroups+1)
+			if !ok {
+				continue
+			}
+			note := v.note
+			if v.variant == "poison" {
+				note += ratio(res, clean, cok) + " (goal ≥ 0.90x)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", v.variant, figure(res), note)
+		}
+	}
+	if r.has("dedup") {
+		b.WriteString("\n### Publish with a DedupKey (msgs/s; each message to a new group, every key new)\n\n")
+		b.WriteString("| publishers | batch | key | msgs/s | µs per message | vs no key |\n| ---: | ---: | --- | ---: | ---: | ---: |\n")
+		for _, res := range r.results {
+			if res.suite == "dedup" {
+				batch, key, _ := strings.Cut(res.variant, " ")
+				off, ok := r.find("dedup", res.system, batch+" key=off", res.workers, 0)
+				fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", res.workers, strings.TrimPrefix(batch, "batch="), strings.TrimPrefix(key, "key="),
+					figure(res), num(1e6*float64(res.workers)/res.median()), ratio(res, off, ok))
+			}
+		}
+		b.WriteString("\nµs per message: publishers / msgs/s, each publisher's time per message (a batch's share of its round-trip).\n")
+	}
 	return b.String()
 }
 

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	stdsync "sync"
 	"sync/atomic"
 	"testing"
@@ -53,6 +55,29 @@ func outcome(err error) history.Outcome {
 
 type faults struct {
 	kills, abandoned, slow, extended, timeouts, nacks atomic.Int64
+	fails, crashes, redriven, healed, shortRedrives   atomic.Int64
+}
+
+// The poison policy: a poison message's handler fails it, or crashes on
+// it, every time, so it ends in the dead letters after maxAttempts
+// hand-outs, parked between Fails for 10-50 ms.
+const (
+	maxAttempts = 3
+	backoffMin  = 10 * time.Millisecond
+	backoffMax  = 50 * time.Millisecond
+)
+
+// poisonEvent marks about 3% of events as poison: half of them fail in
+// the handler ("!fail"), half crash the worker ("!crash": the lease is
+// abandoned and lapses).
+func poisonEvent(event string) string {
+	switch rand.IntN(200) {
+	case 0, 1, 2:
+		return event + "!fail"
+	case 3, 4, 5:
+		return event + "!crash"
+	}
+	return event
 }
 
 // rig is the system under test: one schema, one pool whose connections
@@ -65,6 +90,9 @@ type rig struct {
 	h    history.History
 	f    faults
 	cfg  pgtransport.Config
+	// healed: seqs the operator redrove after fixing their handler; they
+	// are handled as healthy from then on.
+	healed stdsync.Map
 }
 
 func newRig(t *testing.T) *rig {
@@ -81,7 +109,8 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: 200 * time.Millisecond}
+	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: 200 * time.Millisecond,
+		MaxAttempts: maxAttempts, RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax}
 	return &rig{t: t, db: db, pool: pool, app: app, cfg: cfg}
 }
 
@@ -104,11 +133,51 @@ func (r *rig) record(kind history.Kind, worker string, l *pgtransport.Lease, sta
 	r.h.Add(history.Op{Kind: kind, Worker: worker, Group: l.Group, Seq: l.Seq, Token: l.Token, Outcome: outcome(err), Start: start, End: time.Now()})
 }
 
-// handle plays one handler with a random fault, settling through the
-// given calls.
-func (r *rig) handle(worker string, l *pgtransport.Lease, vis time.Duration, ack, nack func(context.Context, *pgtransport.Lease, time.Duration) error, extend func(context.Context, *pgtransport.Lease, time.Duration) error) (abandon bool) {
+// poison says how l's handler breaks: "fail", "crash", or "" (healthy,
+// or healed by the operator before a redrive).
+func (r *rig) poison(l *pgtransport.Lease) string {
+	if _, ok := r.healed.Load(l.Seq); ok {
+		return ""
+	}
+	if _, how, ok := strings.Cut(l.Event, "!"); ok {
+		return how
+	}
+	return ""
+}
+
+// settlePoison plays a poison message's handler: it Fails l (recording a
+// Dead op when the Fail was of its last attempt, which the queue's policy
+// dead-letters) or crashes, leaving the lease to lapse.
+func (r *rig) settlePoison(worker string, l *pgtransport.Lease, how string, fail func(context.Context, *pgtransport.Lease, error) error) {
+	if how == "crash" {
+		r.f.crashes.Add(1)
+		return
+	}
+	r.f.fails.Add(1)
+	start := time.Now()
+	err := fail(context.Background(), l, fmt.Errorf("poison %s (attempt %d)", l.Event, l.Attempt))
+	r.record(history.Fail, worker, l, start, err)
+	if err == nil && l.Attempt >= maxAttempts {
+		r.record(history.Dead, worker, l, start, nil)
+	}
+}
+
+// handle plays one handler: a poison message's (see settlePoison), or a
+// healthy one's with a random fault, settling through the given calls. A
+// healthy message's last attempt is handled without a fault, so only the
+// killer's faults (a lost reply leaves a lease to lapse) can use up its
+// attempts.
+func (r *rig) handle(worker string, l *pgtransport.Lease, vis time.Duration, ack, nack func(context.Context, *pgtransport.Lease, time.Duration) error, extend func(context.Context, *pgtransport.Lease, time.Duration) error, fail func(context.Context, *pgtransport.Lease, error) error) (abandon bool) {
 	ctx := context.Background()
-	switch p := rand.IntN(100); {
+	if how := r.poison(l); how != "" {
+		r.settlePoison(worker, l, how, fail)
+		return false // a crashed worker is restarted
+	}
+	p := rand.IntN(100)
+	if l.Attempt >= maxAttempts {
+		p = 99
+	}
+	switch {
 	case p < 2: // the goroutine just stops: the lease lapses
 		r.f.abandoned.Add(1)
 		return true
@@ -147,8 +216,13 @@ func (r *rig) handle(worker string, l *pgtransport.Lease, vis time.Duration, ack
 // TestFaults: publishers and 32 workers (16 blocking, 16 on async streams)
 // over thousands of groups, while a killer terminates random connections
 // of theirs (listener included) and handlers abandon leases, outlive their
-// visibility with and without Extend, nack, and time out. Then everything
-// left is drained and the history is checked.
+// visibility with and without Extend, nack, and time out. About 3% of the
+// messages are poison (their handler fails them, or crashes on them, every
+// time): with MaxAttempts 3 they go to the dead letters, by a Fail or at a
+// claim after lapses, while their groups go on; an operator redrives some
+// of them (healing half first). Then everything left is drained and the
+// history is checked: each message acked or dead-lettered exactly once per
+// lifetime, in order.
 func TestFaults(t *testing.T) {
 	n := scale(t)
 	r := newRig(t)
@@ -174,7 +248,7 @@ func TestFaults(t *testing.T) {
 				if i%4 == 0 {
 					msgs := make([]pgtransport.Message, 10)
 					for j := range msgs {
-						msgs[j] = pgtransport.Message{Group: pick(p), Event: fmt.Sprintf("p%d-%d-%d", p, i, j)}
+						msgs[j] = pgtransport.Message{Group: pick(p), Event: poisonEvent(fmt.Sprintf("p%d-%d-%d", p, i, j))}
 					}
 					seqs, err := st.PublishMany(context.Background(), msgs)
 					for j, m := range msgs {
@@ -187,7 +261,7 @@ func TestFaults(t *testing.T) {
 					continue
 				}
 				group := pick(p)
-				seq, err := st.Publish(context.Background(), group, fmt.Sprintf("p%d-%d", p, i), 0)
+				seq, err := st.Publish(context.Background(), group, poisonEvent(fmt.Sprintf("p%d-%d", p, i)), 0)
 				r.h.Add(history.Op{Kind: history.Publish, Worker: fmt.Sprint("p", p), Group: group, Seq: seq, Outcome: outcome(err), Start: start, End: time.Now()})
 				time.Sleep(time.Millisecond) // kept: paces the publishers so the workers keep up
 			}
@@ -215,6 +289,16 @@ func TestFaults(t *testing.T) {
 						time.Sleep(5 * time.Millisecond) // kept: ClaimMany has no waiting form; a poll's pause
 						continue
 					}
+					ls = slices.DeleteFunc(ls, func(l *pgtransport.Lease) bool {
+						how := r.poison(l)
+						if how != "" {
+							r.settlePoison(worker, l, how, st.Fail)
+						}
+						return how != ""
+					})
+					if len(ls) == 0 {
+						continue
+					}
 					start = time.Now()
 					errs, err := st.AckMany(context.Background(), ls)
 					for i, l := range ls {
@@ -231,7 +315,11 @@ func TestFaults(t *testing.T) {
 					}
 					r.record(history.Claim, worker, l, start, nil)
 					for l != nil {
-						if rand.IntN(50) == 0 {
+						if how := r.poison(l); how != "" {
+							r.settlePoison(worker, l, how, st.Fail)
+							break // this lease is done with; claim afresh
+						}
+						if rand.IntN(50) == 0 && l.Attempt < maxAttempts {
 							r.f.abandoned.Add(1)
 							break // walk away from the kept lease: it lapses
 						}
@@ -249,7 +337,7 @@ func TestFaults(t *testing.T) {
 						continue // ctx ended, or a connection killed: nothing was handed out that we know of
 					}
 					r.record(history.Claim, worker, l, start, nil)
-					if r.handle(worker, l, vis, syncAck, st.Nack, st.Extend) {
+					if r.handle(worker, l, vis, syncAck, st.Nack, st.Extend, st.Fail) {
 						return // abandoned: this worker is gone
 					}
 				}
@@ -261,7 +349,9 @@ func TestFaults(t *testing.T) {
 	asyncAck := func(ctx context.Context, l *pgtransport.Lease, _ time.Duration) error { return <-at.Ack(ctx, l) }
 	asyncNack := func(ctx context.Context, l *pgtransport.Lease, d time.Duration) error { return <-at.Nack(ctx, l, d) }
 	asyncExtend := func(ctx context.Context, l *pgtransport.Lease, d time.Duration) error { return <-at.Extend(ctx, l, d) }
+	asyncFail := func(ctx context.Context, l *pgtransport.Lease, cause error) error { return <-at.Fail(ctx, l, cause) }
 	for sn := range 2 {
+		opened := time.Now() // a bound on when each of its claims was sent
 		s, err := at.Stream(ctx, async.StreamConfig{WorkerID: fmt.Sprint("a", sn), Visibility: vis, MaxInFlight: 8})
 		if err != nil {
 			t.Fatal(err)
@@ -270,8 +360,8 @@ func TestFaults(t *testing.T) {
 			worker := fmt.Sprintf("a%d-%d", sn, w)
 			wg.Go(func() {
 				for l := range s.C() {
-					r.record(history.Claim, worker, l, time.Now(), nil)
-					if r.handle(worker, l, vis, asyncAck, asyncNack, asyncExtend) {
+					r.record(history.Claim, worker, l, opened, nil)
+					if r.handle(worker, l, vis, asyncAck, asyncNack, asyncExtend, asyncFail) {
 						return
 					}
 				}
@@ -292,11 +382,57 @@ func TestFaults(t *testing.T) {
 			}
 		}
 	})
+	// The operator: every 300 ms, redrives a few dead letters it has not
+	// redriven before, healing half of them first. Its connections are
+	// not the rig's, so the killer leaves it alone.
+	operator, err := pgsync.New(context.Background(), r.db.Pool, r.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		done := map[int64]bool{}
+		for ctx.Err() == nil {
+			time.Sleep(300 * time.Millisecond) // kept: the operator's pace
+			dls, err := operator.DeadLetters(context.Background(), pgtransport.DeadLetterQuery{})
+			if err != nil {
+				continue
+			}
+			var seqs []int64
+			for _, d := range dls {
+				if !done[d.Seq] && len(seqs) < 5 {
+					done[d.Seq] = true
+					seqs = append(seqs, d.Seq)
+					if rand.IntN(2) == 0 {
+						r.healed.Store(d.Seq, true)
+						r.f.healed.Add(1)
+					}
+				}
+			}
+			if len(seqs) == 0 {
+				continue
+			}
+			start := time.Now()
+			n, err := operator.Redrive(context.Background(), pgtransport.DeadLetterFilter{Seqs: seqs})
+			if err == nil && n != int64(len(seqs)) {
+				r.f.shortRedrives.Add(1)
+			}
+			r.f.redriven.Add(n)
+			for _, seq := range seqs {
+				group := ""
+				for _, d := range dls {
+					if d.Seq == seq {
+						group = d.Group
+					}
+				}
+				r.h.Add(history.Op{Kind: history.Redrive, Worker: "operator", Group: group, Seq: seq, Outcome: outcome(err), Start: start, End: time.Now()})
+			}
+		}
+	})
 	wg.Wait()
 	at.Close()
 
 	// Drain: a clean worker takes everything left (lapsed leases included)
-	// and acks it.
+	// and acks it, but Fails poison (a crash included: it catches it).
 	drainer, err := pgsync.New(context.Background(), r.db.Pool, r.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -324,6 +460,10 @@ func TestFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.record(history.Claim, "drain", l, start, nil)
+		if r.poison(l) != "" {
+			r.settlePoison("drain", l, "fail", drainer.Fail)
+			continue
+		}
 		start = time.Now()
 		err = drainer.Ack(context.Background(), l)
 		r.record(history.Ack, "drain", l, start, err)
@@ -335,13 +475,45 @@ func TestFaults(t *testing.T) {
 	if err := r.db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&msgs, &grps); err != nil {
 		t.Fatal(err)
 	}
-	errs, stats := history.Check(r.h.Ops(), msgs, grps)
-	t.Logf("%d messages over %d groups, 36 workers (16 blocking: 12 one at a time, 2 keeping hot groups, 2 in batches; 16 async; 4 publishers), %v: %d connections killed, %d leases abandoned, %d handlers past visibility (%d more kept alive by Extend), %d nacks, %d timeouts; %d deliveries, %d redeliveries, %d calls of unknown outcome; checker: %d violations",
-		stats.Published, groups, time.Since(started).Round(time.Second), r.f.kills.Load(), r.f.abandoned.Load(), r.f.slow.Load(), r.f.extended.Load(), r.f.nacks.Load(), r.f.timeouts.Load(), stats.Deliveries, stats.Redeliveries, stats.Unknown, len(errs))
+	// The dead letters: each used its attempts, and a healthy one is there
+	// only because the killer's faults ended all of its attempts.
+	var dead []int64
+	var healthyDead int
+	for after := int64(0); ; {
+		page, err := drainer.DeadLetters(context.Background(), pgtransport.DeadLetterQuery{After: after, Limit: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, d := range page {
+			dead = append(dead, d.Seq)
+			if d.Attempts != maxAttempts {
+				t.Errorf("dead letter %d of %s: %d attempts, want %d", d.Seq, d.Group, d.Attempts, maxAttempts)
+			}
+			if !strings.Contains(d.Event, "!") {
+				healthyDead++
+			} else if _, ok := r.healed.Load(d.Seq); ok {
+				t.Errorf("dead letter %d of %s: healed before its redrive, yet dead again", d.Seq, d.Group)
+			}
+		}
+		after = page[len(page)-1].Seq
+	}
+	if healthyDead > 5 {
+		t.Errorf("%d healthy messages dead-lettered: more than the killer explains", healthyDead)
+	}
+	if r.f.shortRedrives.Load() > 0 {
+		t.Errorf("%d redrives put back fewer dead letters than asked", r.f.shortRedrives.Load())
+	}
+	errs, stats := history.Check(r.h.Ops(), history.End{Messages: msgs, Groups: grps, Dead: dead})
+	t.Logf("%d messages over %d groups, 36 workers (16 blocking: 12 one at a time, 2 keeping hot groups, 2 in batches; 16 async; 4 publishers), %v: %d connections killed, %d leases abandoned, %d handlers past visibility (%d more kept alive by Extend), %d nacks, %d timeouts; poison: %d Fails, %d crashes, %d redriven (%d healed first); %d deliveries, %d redeliveries, %d acked, %d dead-lettered (%d healthy, at the end), %d calls of unknown outcome; checker: %d violations",
+		stats.Published, groups, time.Since(started).Round(time.Second), r.f.kills.Load(), r.f.abandoned.Load(), r.f.slow.Load(), r.f.extended.Load(), r.f.nacks.Load(), r.f.timeouts.Load(),
+		r.f.fails.Load(), r.f.crashes.Load(), r.f.redriven.Load(), r.f.healed.Load(), stats.Deliveries, stats.Redeliveries, stats.Acked, stats.DeadLettered, healthyDead, stats.Unknown, len(errs))
 	if len(errs) > 0 {
 		t.Fatalf("history violations:\n%v", history.Join(errs))
 	}
-	if r.f.kills.Load() == 0 || stats.Redeliveries == 0 {
-		t.Fatalf("no faults took effect: %d kills, %d redeliveries", r.f.kills.Load(), stats.Redeliveries)
+	if r.f.kills.Load() == 0 || stats.Redeliveries == 0 || stats.DeadLettered == 0 || stats.Redriven == 0 {
+		t.Fatalf("no faults took effect: %d kills, %d redeliveries, %d dead-lettered, %d redriven", r.f.kills.Load(), stats.Redeliveries, stats.DeadLettered, stats.Redriven)
 	}
 }

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func valid() []Op {
 }
 
 func TestValidHistory(t *testing.T) {
-	errs, st := Check(valid(), 0, 0)
+	errs, st := Check(valid(), End{})
 	if len(errs) != 0 {
 		t.Fatalf("valid history rejected: %v", Join(errs))
 	}
@@ -74,7 +75,99 @@ func TestCatchesEachViolation(t *testing.T) {
 		{"RowsLeftBehind", func(ops []Op) []Op { return ops }, 1, "left after the drain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			errs, _ := Check(tc.edit(valid()), tc.left, 0)
+			errs, _ := Check(tc.edit(valid()), End{Messages: tc.left})
+			if len(errs) == 0 || !strings.Contains(Join(errs).Error(), tc.want) {
+				t.Fatalf("got %v, want a violation containing %q", Join(errs), tc.want)
+			}
+		})
+	}
+}
+
+// validDead: in g, message 1 fails twice and is dead-lettered by its second
+// Fail, 2 is acked, then 1 is redriven and acked, and 4 (published after
+// the redrive) follows it. In h, message 3's leases lapse until a claim
+// dead-letters it unseen: it is in the dead letters at the end.
+func validDead() []Op {
+	return []Op{
+		op(Publish, "p", "g", 1, "", 0, 1),
+		op(Publish, "p", "g", 2, "", 2, 3),
+		op(Publish, "p", "h", 3, "", 4, 5),
+		op(Claim, "w1", "g", 1, "t1", 10, 11),
+		op(Fail, "w1", "g", 1, "t1", 12, 13),
+		op(Claim, "w2", "h", 3, "t5", 10, 11), // lapses
+		op(Claim, "w1", "g", 1, "t2", 30, 31),
+		op(Fail, "w1", "g", 1, "t2", 32, 33),
+		op(Dead, "w1", "g", 1, "t2", 32, 33), // the Fail used the last attempt
+		op(Claim, "w1", "g", 2, "t3", 34, 35),
+		op(Ack, "w1", "g", 2, "t3", 36, 37),
+		op(Claim, "w2", "h", 3, "t6", 40, 41), // lapses
+		op(Redrive, "op", "g", 1, "", 50, 51),
+		op(Publish, "p", "g", 4, "", 52, 53),
+		op(Claim, "w1", "g", 1, "t4", 60, 61),
+		op(Ack, "w1", "g", 1, "t4", 62, 63),
+		op(Claim, "w1", "g", 4, "t7", 64, 65),
+		op(Ack, "w1", "g", 4, "t7", 66, 67),
+	}
+}
+
+// without drops the ops that match.
+func without(ops []Op, drop func(Op) bool) []Op { return slices.DeleteFunc(ops, drop) }
+
+func TestValidDeadLetterHistory(t *testing.T) {
+	errs, st := Check(validDead(), End{Dead: []int64{3}})
+	if len(errs) != 0 {
+		t.Fatalf("valid history rejected: %v", Join(errs))
+	}
+	if st.Published != 4 || st.Acked != 3 || st.DeadLettered != 2 || st.Redriven != 1 || st.Deliveries != 7 || st.Redeliveries != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestCatchesEachDeadLetterViolation breaks validDead one way at a time.
+func TestCatchesEachDeadLetterViolation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func([]Op) []Op
+		dead []int64
+		want string
+	}{
+		{"AckedAndDeadLettered", func(ops []Op) []Op { return ops }, []int64{3, 2}, "both acked and dead-lettered"},
+		{"AckedThenRedriven", func(ops []Op) []Op { // a redrive takes a dead letter: 2 was acked
+			return append(ops, op(Redrive, "op", "g", 2, "", 70, 71), op(Claim, "w1", "g", 2, "t8", 72, 73), op(Ack, "w1", "g", 2, "t8", 74, 75))
+		}, []int64{3}, "both acked and dead-lettered"},
+		{"NeitherAckedNorDeadLettered", func(ops []Op) []Op {
+			return without(ops, func(o Op) bool { return o.Token == "t6" || o.Token == "t5" })
+		}, nil, "never acked nor dead-lettered"},
+		{"RedrivenNeverSettled", func(ops []Op) []Op {
+			return without(ops, func(o Op) bool { return o.Kind == Ack && o.Token == "t4" })
+		}, []int64{3}, "message 1 of g published, never acked nor dead-lettered"},
+		{"DeadLetteredTwice", func(ops []Op) []Op { return append(ops, op(Dead, "w3", "g", 1, "t2", 34, 35)) }, []int64{3}, "dead-lettered 2 times"},
+		{"DeadLetteredButLost", func(ops []Op) []Op {
+			return without(ops, func(o Op) bool { return o.Kind == Redrive || o.Token == "t4" })
+		}, []int64{3}, "not in the dead letters at the end"},
+		{"DeadLetterOfUnpublishedMessage", func(ops []Op) []Op { return ops }, []int64{3, 9}, "in the dead letters but never published"},
+		{"DeadLetteredThenDelivered", func(ops []Op) []Op { // no redrive, yet 1 comes back after 2
+			return without(ops, func(o Op) bool { return o.Kind == Redrive })
+		}, []int64{3}, "redelivered after 2"},
+		{"RedrivenBehindALaterMessage", func(ops []Op) []Op {
+			for i, o := range ops { // 4 published before the redrive, claimed after it, yet delivered before 1
+				switch {
+				case o.Kind == Publish && o.Seq == 4:
+					ops[i].Start, ops[i].End = at(40), at(41)
+				case o.Kind == Claim && o.Token == "t7":
+					ops[i].Start, ops[i].End = at(55), at(56)
+				case o.Kind == Ack && o.Token == "t7":
+					ops[i].Start, ops[i].End = at(57), at(58)
+				}
+			}
+			return ops
+		}, []int64{3}, "delivered before 1, redriven ahead of it"},
+		{"FailUnderUngrantedToken", func(ops []Op) []Op {
+			return append(ops, op(Fail, "w5", "g", 4, "forged", 90, 91))
+		}, []int64{3}, "never granted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs, _ := Check(tc.edit(validDead()), End{Dead: tc.dead})
 			if len(errs) == 0 || !strings.Contains(Join(errs).Error(), tc.want) {
 				t.Fatalf("got %v, want a violation containing %q", Join(errs), tc.want)
 			}
