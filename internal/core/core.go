@@ -287,6 +287,47 @@ func (c *Core) Extend(ctx context.Context, l *pgtransport.Lease, visibility time
 	return c.fenced(ctx, "extend", c.q.extend, l.Group, l.Token, visibility.Seconds())
 }
 
+// ExtendMany moves the end of every lease in leases to now + visibility in
+// one round-trip (a runtime's heartbeat): per lease, nil, or ErrLeaseLost
+// where its token no longer holds its group (nothing changed for it; a
+// second lease on a group already named is lost too). The error is for the
+// call as a whole (bad input, the database).
+func (c *Core) ExtendMany(ctx context.Context, leases []*pgtransport.Lease, visibility time.Duration) ([]error, error) {
+	if err := cmp.Or(checkBatch(len(leases)), checkVisibility(visibility)); err != nil {
+		return nil, fmt.Errorf("extend: %w", err)
+	}
+	groups := make([]string, len(leases))
+	seqs := make([]int64, len(leases))
+	tokens := make([]string, len(leases))
+	for i, l := range leases {
+		if err := checkLease(l); err != nil {
+			return nil, fmt.Errorf("extend: lease %d: %w", i, err)
+		}
+		groups[i], seqs[i], tokens[i] = l.Group, l.Seq, l.Token
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("extend: %w", err)
+	}
+	rows, err := c.db.Query(ctx, c.q.extendMany, c.now(), groups, seqs, tokens, visibility.Seconds())
+	if err != nil {
+		return nil, mapErr("extend", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	if err != nil {
+		return nil, mapErr("extend", err)
+	}
+	if len(held) != len(leases) {
+		return nil, fmt.Errorf("extend: %d answers for %d leases", len(held), len(leases))
+	}
+	errs := make([]error, len(leases))
+	for i, h := range held {
+		if !h {
+			errs[i] = fmt.Errorf("extend: %w", pgtransport.ErrLeaseLost)
+		}
+	}
+	return errs, nil
+}
+
 // Wait records waiter (unless "") as idle, wanting a notification for any
 // new group at or above minPriority, for ttl, and returns how long from now until the
 // earliest lease or park among such groups runs out (ok false: none does).

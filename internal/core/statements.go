@@ -51,6 +51,12 @@ const (
 
 	extendSQL = `SELECT {s}harel_extend($2::text, $3::text, ` + nowExpr + ` + $4::float8){kfrom}`
 
+	// extendManySQL extends many leases to now + $5 seconds: held per
+	// input, in input order.
+	extendManySQL = `SELECT e.held
+  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
+       LATERAL {s}harel_extend_many($2::text[], $3::bigint[], $4::text[], t.now + $5::float8) AS e`
+
 	// failSQL answers NULL (not held), 'retry', 'dead' or 'stopped'.
 	failSQL = `SELECT {s}harel_fail($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::text){kfrom}`
 
@@ -105,6 +111,7 @@ const (
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	publish, claim, ack, nack, extend    string
+	extendMany                           string
 	claimInTx, fail, release             string
 	wait, unwait, channel                string
 	publishMany, publishKeyed, exchange  string
@@ -134,8 +141,9 @@ func newStatements(schema string, clock bool) statements {
 		unwait:    bind(unwaitSQL),
 		channel:   bind(channelSQL),
 
-		fail:    bind(failSQL),
-		release: bind(releaseSQL),
+		extendMany: bind(extendManySQL),
+		fail:       bind(failSQL),
+		release:    bind(releaseSQL),
 
 		publishMany:  bind(publishManySQL),
 		publishKeyed: bind(publishKeyedSQL),

@@ -1710,6 +1710,54 @@ END
 $$;
 
 
+-- harel_extend_many moves the end of many leases to p_lease in one
+-- round-trip (a worker's heartbeat for all its running handlers): held,
+-- one row per input in input order, is false (and nothing changed for
+-- it) where p_tokens[i] no longer holds p_groups[i] or p_seqs[i] is not the
+-- message the lease was handed (version 10), and for every repeat of a
+-- group named earlier. A NULL p_lease, or one in the past beyond the clock
+-- bound, is refused (PT003), as harel_extend does.
+CREATE OR REPLACE FUNCTION harel_extend_many(
+    p_groups TEXT[],
+    p_seqs   BIGINT[],
+    p_tokens TEXT[],
+    p_lease  DOUBLE PRECISION)
+RETURNS TABLE (group_id TEXT, held BOOLEAN)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lease IS NULL
+       OR (p_lease < date_part('epoch', clock_timestamp()) AND harel_clock_skewed(p_lease)) THEN
+        RAISE EXCEPTION 'harel_extend_many: the lease end p_lease (%) is NULL or in the past', p_lease USING ERRCODE = 'PT003';
+    END IF;
+    IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
+       OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups) THEN
+        RAISE EXCEPTION 'harel_extend_many: arrays of different lengths' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+        WITH extended AS (
+            UPDATE transport_groups AS g
+               SET lock_expiry = p_lease
+              FROM (SELECT DISTINCT ON (u.gid) u.gid, u.s, u.tok, u.i
+                      FROM unnest(p_groups, p_seqs, p_tokens) WITH ORDINALITY AS u(gid, s, tok, i)
+                     ORDER BY u.gid, u.i) AS a
+             WHERE g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
+               AND (g.delivered_seq IS NULL OR g.delivered_seq = a.s)
+            RETURNING a.i
+        )
+        SELECT u.gid, x.i IS NOT NULL
+          FROM unnest(p_groups) WITH ORDINALITY AS u(gid, i)
+          LEFT JOIN extended AS x ON x.i = u.i
+         ORDER BY u.i;
+END
+$$;
+
+
 -- Wake idle consumers with LISTEN/NOTIFY, and only them.
 --
 -- A transaction that runs NOTIFY takes a database-wide lock at commit, so

@@ -1,0 +1,52 @@
+package schema_test
+
+import (
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+// TestExtendMany: one call extends every lease its token holds on the
+// message it was handed, answers in input order, and changes nothing for
+// a foreign token, a seq not handed out, or a repeat of a group.
+func TestExtendMany(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	for _, g := range []string{"a", "b", "c"} {
+		_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, g)
+		is.NoErr(err)
+	}
+	rows, err := c.Query(ctx(t), `SELECT group_id, seq FROM harel_claim_leases(1000, 1060, 'w:1', 0, 2) ORDER BY 1`)
+	is.NoErr(err)
+	type held struct {
+		Group string
+		Seq   int64
+	}
+	leased, err := pgx.CollectRows(rows, pgx.RowToStructByPos[held])
+	is.NoErr(err)
+	is.Equal(len(leased), 2)                                                             // a and b
+	_, err = c.Exec(ctx(t), `SELECT * FROM harel_claim_leases(1000, 1060, 'w:2', 0, 1)`) // c, to another token
+	is.NoErr(err)
+
+	rows, err = c.Query(ctx(t), `SELECT held FROM harel_extend_many($1, $2, $3, 1200)`,
+		[]string{"b", "a", "c", "a", "b"},
+		[]int64{leased[1].Seq, leased[0].Seq, 3, leased[0].Seq, leased[1].Seq + 100},
+		[]string{"w:1", "w:1", "w:1", "w:1", "w:1"})
+	is.NoErr(err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	is.NoErr(err)
+	is.Equal(got, []bool{true, true, false, false, false}) // c is w:2's; repeats of a and b change nothing
+	var ends []float64
+	rows, err = c.Query(ctx(t), `SELECT lock_expiry FROM transport_groups ORDER BY group_id`)
+	is.NoErr(err)
+	ends, err = pgx.CollectRows(rows, pgx.RowTo[float64])
+	is.NoErr(err)
+	is.Equal(ends, []float64{1200, 1200, 1060}) // c unchanged
+}
