@@ -15,6 +15,15 @@
 //     delivers its one result, and a Stream delivers leases on a channel to
 //     a select loop as work appears.
 //
+// Both run handlers for you: Work(ctx, [WorkerConfig], [Handler]) claims,
+// runs at most Concurrency handlers at once, keeps their leases alive with
+// one heartbeat round-trip for all of them, acks on nil, Fails on an error
+// or a panic, and shuts down gracefully when ctx ends. Config.Logger
+// (nil: slog.Default()) gets what an operator must see (lost leases,
+// panics, dead letters, reconnects, shutdown timeouts), never a record per
+// healthy message at Info or above; Config.Observer gets every publish,
+// claim, ack, fail and lost lease with its duration, for metrics.
+//
 // Other languages speak the same protocol with plain SQL: see docs/protocol.md.
 //
 // # Guarantees

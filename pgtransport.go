@@ -2,6 +2,7 @@ package pgtransport
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -23,9 +24,22 @@ const (
 	DefaultIdleSweep = time.Second
 	// DefaultMaxKeep is Config.MaxKeep's value when it is 0.
 	DefaultMaxKeep = 16
-	// MaxBatch bounds the messages of one batch call (PublishMany,
-	// ClaimMany, AckMany) and a stream's MaxInFlight.
+	// MaxBatch bounds the messages of one round-trip: of ClaimMany and
+	// AckMany, and a stream's MaxInFlight. PublishMany sends a longer
+	// batch in chunks of MaxBatch, in one transaction.
 	MaxBatch = 10_000
+	// DefaultPoolSize is how many connections the pool FromDSN opens may
+	// hold when the dsn does not say (pool_max_conns=N; pgx's own default
+	// is the larger of 4 and the number of CPUs, and the larger wins). A
+	// pool opens connections only as they are needed. Each round-trip in
+	// flight holds one: a blocking worker runtime one per handler slot
+	// (Concurrency) and one for its heartbeat; a stream up to two; a
+	// ClaimWait one while it claims. Notifications take one more, outside
+	// the pool. So 20 serves a runtime at the default Concurrency (16)
+	// with room for the process's publishes; size the pool to
+	// Concurrency plus 4 for more, through the dsn or with a pool of
+	// your own (New).
+	DefaultPoolSize = 20
 	// MinVisibility is the shortest lease a claim, AckNext, Extend or
 	// stream accepts. A lease must outlive the round-trips that use it
 	// (the claim's reply, then the ack) with room for a busy pool, a GC
@@ -308,6 +322,24 @@ type Config struct {
 	// transport holds off a duplicate. 0 means DefaultDedupWindow; at most
 	// MaxDedupWindow.
 	DedupWindow time.Duration
+
+	// Logger receives what an operator must see: lost leases, panics in
+	// handlers (with their stack), dead-lettered messages and stopped
+	// groups, listener and stream reconnects, shutdown timeouts. Trouble
+	// is logged at Warn or Error; events of single messages (a claim, an
+	// ack, a give-back) at Debug only, so a healthy busy system logs
+	// nothing per message. Nil means slog.Default() (looked up at each
+	// record, so a later slog.SetDefault applies; a running Work keeps the
+	// one of when it started): trouble reaches the
+	// application's log unless it says otherwise. To log nothing, pass
+	// slog.New(slog.DiscardHandler).
+	Logger *slog.Logger
+
+	// Observer, if set, is told of every publish, claim, ack, fail and
+	// lost lease, with durations: the hook for metrics (see Observer).
+	// Nil means none, at no cost: the transport then neither calls it nor
+	// times the calls.
+	Observer Observer
 
 	// Vacuum, if positive, makes an async Transport vacuum the queue
 	// tables itself, checking this often and vacuuming a table once it has

@@ -154,12 +154,14 @@ func TestMirrorsSync(t *testing.T) {
 			is.Equal(am.Type.In(j), sm.Type.In(j)) // same argument types
 		}
 		var want []reflect.Type
-		switch sm.Type.NumOut() {
-		case 0: // Close
-		case 1:
+		switch {
+		case sm.Name == "Work": // the runtime blocks in both: its result is the end of the run
+			want = []reflect.Type{errType}
+		case sm.Type.NumOut() == 0: // Close
+		case sm.Type.NumOut() == 1:
 			is.Equal(sm.Type.Out(0), errType)
 			want = []reflect.Type{reflect.TypeFor[<-chan error]()}
-		case 2:
+		case sm.Type.NumOut() == 2:
 			is.Equal(sm.Type.Out(1), errType)
 			r, ok := resultType(sm.Type.Out(0))
 			if !ok {

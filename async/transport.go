@@ -63,7 +63,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 		if t.channel, err = c.Channel(ctx); err != nil {
 			return nil, err
 		}
-		t.listener, t.release = notify.Shared(pool)
+		t.listener, t.release = notify.Shared(pool, cfg.Logger)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.hard, t.abort = context.WithCancel(context.Background())
@@ -95,7 +95,10 @@ func (t *Transport) vacuum() {
 
 // FromDSN connects to dsn with a pool, waiting with backoff while the server
 // does not accept connections (as sync.FromDSN does), and returns a
-// Transport that owns the pool.
+// Transport that owns the pool. The pool holds up to
+// pgtransport.DefaultPoolSize (20) connections unless the dsn sets
+// pool_max_conns: a stream uses up to two, each call in flight (a Fail,
+// a Publish) one, and notifications one more, outside the pool.
 func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
 	t, _, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
 		return New(ctx, pool, cfg)
@@ -141,6 +144,8 @@ func (t *Transport) Close() {
 	select {
 	case <-done:
 	case <-grace.C:
+		t.core.Logger().Warn("pgtransport: close: round-trips still out after the grace period were cancelled; their outcome is unknown",
+			"grace", closeGrace)
 		t.abort()
 		<-done
 	}
@@ -295,8 +300,9 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 	})
 }
 
-// PublishMany appends every message in one round-trip, in slice order, and
-// delivers their seqs in that order, each DedupKey honoured; as
+// PublishMany appends every message, in slice order, and delivers their
+// seqs in that order, each DedupKey honoured: in one round-trip up to
+// pgtransport.MaxBatch, and past it in chunks inside one transaction; as
 // sync.Transport.PublishMany.
 //
 // A lost reply: ErrOutcomeUnknown, as there.
@@ -344,7 +350,10 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-
 }
 
 // AckNext acks the lease and delivers the group's next message under the
-// same lease when it keeps the group; as sync.Transport.AckNext.
+// same lease when it keeps the group; as sync.Transport.AckNext. That
+// lease is held until settled or lapsed: a worker that stops with it
+// gives it back with Nack(ctx, next, 0), or its group waits out the
+// visibility.
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan Result[*pgtransport.Lease] {

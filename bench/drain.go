@@ -295,7 +295,9 @@ func openDrainer(ctx context.Context, system string, workers int) (drainer, *pgt
 		}
 		d = baselineDrainer{db.Pool}
 	default:
-		return nil, db, fmt.Errorf("unknown system %q", system)
+		if d, err = openWork(ctx, system, db); err != nil {
+			return nil, db, err
+		}
 	}
 	return d, db, nil
 }

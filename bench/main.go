@@ -52,7 +52,7 @@ func main() {
 	var (
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, hotgroup, publish, jobs, claimcost, latency, poison, dedup)")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, hotgroup, publish, jobs, claimcost, latency, poison, dedup)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
@@ -153,6 +153,7 @@ func (r *runner) all(ctx context.Context) error {
 		{"commits", r.commits},
 		{"claimack", r.claimAck},
 		{"river", r.river},
+		{"runtime", r.runtime},
 		{"hotgroup", r.hotGroup},
 		{"publish", r.publish},
 		{"jobs", r.jobs},

@@ -109,6 +109,9 @@ func (r *runner) table() string {
 			fmt.Fprintf(&b, "sync, 16 workers, 10,000 groups: %s msgs/s = %.0f%% of that ceiling.\n", num(s.median()), 100*s.median()/(c.median()/2))
 		}
 	}
+	if r.has("runtime") {
+		b.WriteString(runtimeTable(r))
+	}
 	if r.has("hotgroup") {
 		b.WriteString("\n### One hot group (msgs/s): 64 workers against 1\n\n| system | workers | msgs/s | vs 1 worker |\n| --- | ---: | ---: | ---: |\n")
 		for _, res := range r.results {

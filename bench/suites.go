@@ -240,44 +240,64 @@ func (r *runner) hotGroup(ctx context.Context) error {
 // claim+ack is two commits per message, so half this rate is its ceiling.
 func (r *runner) commits(ctx context.Context) error {
 	res := result{suite: "commits", system: "postgres", workers: 16, unit: "commits/s"}
-	db, err := pgtest.Open(20)
+	db, err := openCommits(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE commits (id bigserial PRIMARY KEY, v text)`); err != nil {
-		return err
-	}
 	for run := range r.s.runs {
 		r.progress("commits    16 clients, single-row insert transactions, run %d/%d", run+1, r.s.runs)
-		var n atomic.Int64
-		stop := make(chan struct{})
-		timer := time.AfterFunc(r.s.window, func() { close(stop) })
-		before, start := readCPU(), time.Now()
-		err := parallel(16, func(int) error {
-			for {
-				select {
-				case <-stop:
-					return nil
-				default:
-				}
-				if _, err := db.Pool.Exec(ctx, `INSERT INTO commits (v) VALUES ('x')`); err != nil {
-					return err
-				}
-				n.Add(1)
-			}
-		})
-		elapsed, after := time.Since(start), readCPU()
-		timer.Stop()
+		rate, cpu, err := r.commitsOnce(ctx, db)
 		if err != nil {
 			return err
 		}
-		res.runs = append(res.runs, float64(n.Load())/elapsed.Seconds())
-		cpu, _ := perOp(before, after, n.Load())
+		res.runs = append(res.runs, rate)
 		res.addCPU(cpu)
 	}
 	r.add(res)
 	return nil
+}
+
+// openCommits opens a schema with the table commitsOnce inserts into.
+func openCommits(ctx context.Context) (*pgtest.DB, error) {
+	db, err := pgtest.Open(20)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE commits (id bigserial PRIMARY KEY, v text)`); err != nil {
+		_ = db.Drop()
+		return nil, err
+	}
+	return db, nil
+}
+
+// commitsOnce is one run of 16 clients committing single-row inserts for
+// the window: commits/s and CPU microseconds per commit.
+func (r *runner) commitsOnce(ctx context.Context, db *pgtest.DB) (rate, cpu float64, err error) {
+	var n atomic.Int64
+	stop := make(chan struct{})
+	timer := time.AfterFunc(r.s.window, func() { close(stop) })
+	before, start := readCPU(), time.Now()
+	err = parallel(16, func(int) error {
+		for {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO commits (v) VALUES ('x')`); err != nil {
+				return err
+			}
+			n.Add(1)
+		}
+	})
+	elapsed, after := time.Since(start), readCPU()
+	timer.Stop()
+	if err != nil {
+		return 0, 0, err
+	}
+	cpu, _ = perOp(before, after, n.Load())
+	return float64(n.Load()) / elapsed.Seconds(), cpu, nil
 }
 
 // publishFor publishes from publishers goroutines for the window, each

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	stdsync "sync"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/jackc/pgxlisten"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/outage"
 )
 
 // ErrClosed is returned by Subscribe after Close.
@@ -39,6 +41,11 @@ type Config struct {
 	// OnError, if set, is told of every connection failure (from the
 	// Listener's goroutine; it must not block). Optional.
 	OnError func(error)
+
+	// Logger receives the Listener's connection trouble: the first
+	// failure of an outage at Warn (the retries that fail too at Debug),
+	// and the reconnect that ends it at Info. Nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // FromPool connects by taking a connection out of pool for good: the pool
@@ -72,6 +79,7 @@ type Listener struct {
 	closed   bool
 	retry    *backoff.ExponentialBackOff // owned by the Listener's goroutine
 	failed   bool                        // the last connection failed or broke: back off before the next
+	outage   outage.Log                  // the run of connection failures under way; the goroutine's
 }
 
 type channel struct {
@@ -246,9 +254,18 @@ func (l *Listener) logError(ctx context.Context, err error) {
 		return // shutting down or restarting: not a failure
 	}
 	l.down()
+	l.outage.Failed(l.logger(), "pgtransport: notify: listener connection failed; reconnecting (subscribers sweep for work meanwhile)", err)
 	if l.cfg.OnError != nil {
 		l.cfg.OnError(err)
 	}
+}
+
+// logger is Config.Logger, or slog.Default().
+func (l *Listener) logger() *slog.Logger {
+	if l.cfg.Logger != nil {
+		return l.cfg.Logger
+	}
+	return slog.Default()
 }
 
 // handler fans a channel's notifications out, and marks it ready (waking
@@ -264,6 +281,7 @@ func (h handler) HandleBacklog(_ context.Context, name string, _ *pgx.Conn) erro
 	l := h.l
 	l.failed = false
 	l.retry.Reset()
+	l.outage.Recovered(l.logger(), "pgtransport: notify: listener reconnected", slog.String("channel", name))
 	l.mu.Lock()
 	if ch := l.channels[name]; ch != nil && !ch.up {
 		ch.up = true

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"log/slog"
 	stdsync "sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,17 +20,19 @@ type sharedListener struct {
 }
 
 // Shared returns the process's Listener for pool, made on first use (its
-// connection taken out of pool with FromPool), and a release function.
+// connection taken out of pool with FromPool, logging to logger: nil means
+// slog.Default()), and a release function.
 // Every caller for the same pool shares one Listener, so a process holds
 // one LISTEN connection per pool however many transports use it. Each
 // caller must call release once when done (later calls do nothing); the
 // last release closes the Listener, and a later Shared makes a new one.
-func Shared(pool *pgxpool.Pool) (l *Listener, release func()) {
+// The Listener logs to the logger of the call that made it.
+func Shared(pool *pgxpool.Pool, logger *slog.Logger) (l *Listener, release func()) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	s := shared.m[pool]
 	if s == nil {
-		l, _ := New(Config{Connect: FromPool(pool)}) // Connect is set: no error
+		l, _ := New(Config{Connect: FromPool(pool), Logger: logger}) // Connect is set: no error
 		s = &sharedListener{l: l}
 		shared.m[pool] = s
 	}

@@ -40,7 +40,11 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Transport, erro
 // backoff, so a worker started beside PostgreSQL waits for it; it gives up
 // when ctx ends or cfg.MaxConnectWait passes, with an error that wraps both
 // the reason it stopped and the last connection error. A malformed dsn fails
-// at once.
+// at once. The pool holds up to pgtransport.DefaultPoolSize (20)
+// connections unless the dsn sets pool_max_conns: each call in flight
+// holds one, so a Work with Concurrency above 16, or as many ClaimWait
+// loops, wants pool_max_conns=Concurrency+4 (or a pool of your own, with
+// New).
 func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
 	t, pool, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
 		return New(ctx, pool, cfg)
@@ -90,11 +94,15 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 	return t.core.Publish(ctx, group, event, priority)
 }
 
-// PublishMany appends every message in one round-trip, in slice order (so
-// in order within each group), and returns their seqs in that order. A
-// message that creates its group gives it its priority. A batch is 1 to
-// pgtransport.MaxBatch messages; one bad message refuses the whole batch
-// with a typed error naming it, and nothing is written. A message with a
+// PublishMany appends every message, in slice order (so in order within
+// each group), and returns their seqs in that order. A message that
+// creates its group gives it its priority. Up to pgtransport.MaxBatch
+// messages are one round-trip; a longer batch is sent in chunks of
+// MaxBatch inside one transaction, so it too applies whole or not at all
+// (its messages are claimable once it commits), and need not be cut up
+// by the caller. An empty batch is ErrInvalidBatch; one bad message
+// refuses the whole batch with a typed error naming it, and nothing is
+// written. A message with a
 // DedupKey is deduplicated as by PublishMessage, against earlier
 // publishes and earlier messages of the batch: a repeat stores nothing
 // and returns the first one's seq.
@@ -233,6 +241,13 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([
 // with no claim in between. Otherwise it returns nil and the group is
 // freed for the round-robin. ErrLeaseLost if the lease no longer held. One
 // round-trip: a hot group is served at one round-trip per message.
+//
+// The lease it returns is held, as a claim's is, until it is settled (Ack,
+// AckNext, Nack, Fail) or its visibility runs out: a worker that stops
+// with it in hand (shutting down, or giving up on an error of its own)
+// holds up its whole group until then, unless it gives it back with
+// Nack(ctx, next, 0), which frees the group at once (that hand-out still
+// counts as an attempt). Work does this for you.
 //
 // A lost reply (ErrOutcomeUnknown): as Ack, except that an ack that kept the
 // group is safe to repeat: AckNext again with the same lease returns the

@@ -588,7 +588,7 @@ var cases = []testCase{
 		_, err = e.tr.PublishMany(e.ctx(), []pgtransport.Message{{Group: "ok", Event: "1"}, {Group: "ok", Event: "2", Priority: 9}})
 		is.True(errors.Is(err, pgtransport.ErrInvalidPriority))
 		_, err = e.tr.PublishMany(e.ctx(), make([]pgtransport.Message, pgtransport.MaxBatch+1))
-		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
+		is.True(errors.Is(err, pgtransport.ErrInvalidGroup)) // a batch past MaxBatch is checked whole too
 		_, err = e.tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 0)
 		is.True(errors.Is(err, pgtransport.ErrInvalidBatch))
 		_, err = e.tr.ClaimMany(e.ctx(), "", time.Minute, 0, 1)

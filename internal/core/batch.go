@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -10,47 +11,97 @@ import (
 	"github.com/pgtransport/pgtransport"
 )
 
-// PublishMany appends every message in one round-trip, in slice order (so
-// in order within each group), and returns their seqs in the same order.
-// A message that creates its group gives it its priority. A message with a
-// DedupKey whose (group, key) was published within Config.DedupWindow, or
-// earlier in the batch, is not stored: its seq is the first one's. It
-// wakes a parked caller per message.
+// PublishMany appends every message, in slice order (so in order within
+// each group), and returns their seqs in the same order. A message that
+// creates its group gives it its priority. A message with a DedupKey whose
+// (group, key) was published within Config.DedupWindow, or earlier in the
+// batch, is not stored: its seq is the first one's. Up to MaxBatch
+// messages go in one round-trip; a longer batch goes in chunks of
+// MaxBatch inside one transaction (see publishChunks). It wakes a parked
+// caller per message.
 func (c *Core) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	t0 := c.timer()
 	seqs, err := c.publishMany(ctx, msgs)
+	c.observePublished(t0, len(msgs), err)
 	c.parking.Wake(wakesPublish(len(msgs), err))
 	return seqs, err
 }
 
 func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
-	if err := checkBatch(len(msgs)); err != nil {
+	if len(msgs) == 0 {
+		return nil, fmt.Errorf("publish: %w: no messages", pgtransport.ErrInvalidBatch)
+	}
+	for i, m := range msgs {
+		if err := c.checkMessage(m); err != nil {
+			return nil, fmt.Errorf("publish: message %d: %w", i, err)
+		}
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
+	if len(msgs) <= pgtransport.MaxBatch {
+		return c.publishChunk(ctx, c.db, msgs)
+	}
+	return c.publishChunks(ctx, msgs)
+}
+
+// publishChunks publishes a batch longer than MaxBatch in chunks of
+// MaxBatch, in order, inside one transaction (a savepoint inside a
+// caller's): the batch applies whole or not at all, as a short one does,
+// so a caller never has to find out which prefix of its batch made it.
+// Dedup keys are honoured across chunks (a chunk sees the keys the
+// earlier ones stored). The cost of the one transaction: its messages are
+// invisible to claims until it commits, and, with DedupKeys, it holds
+// their keys until then, so two such batches naming the same keys in
+// opposite orders can deadlock (PostgreSQL then fails one, which applied
+// nothing).
+func (c *Core) publishChunks(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	var (
+		seqs     = make([]int64, 0, len(msgs))
+		chunkErr error // a chunk's error, mapped already
+	)
+	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
+		for chunk := range slices.Chunk(msgs, pgtransport.MaxBatch) {
+			s, err := c.publishChunk(ctx, tx, chunk)
+			if err != nil {
+				chunkErr = err
+				return err
+			}
+			seqs = append(seqs, s...)
+		}
+		return nil
+	})
+	switch {
+	case chunkErr != nil:
+		return nil, chunkErr
+	case err != nil:
+		return nil, mapErr("publish", err) // the begin or the commit
+	}
+	return seqs, nil
+}
+
+// publishChunk appends msgs, checked, at most MaxBatch, in one statement
+// through db: the core's handle or a transaction.
+func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Message) ([]int64, error) {
 	groups := make([]string, len(msgs))
 	events := make([]string, len(msgs))
 	prios := make([]int32, len(msgs))
 	keys := make([]*string, len(msgs)) // NULL: no key
 	keyed := false
 	for i, m := range msgs {
-		if err := c.checkMessage(m); err != nil {
-			return nil, fmt.Errorf("publish: message %d: %w", i, err)
-		}
 		groups[i], events[i], prios[i] = m.Group, m.Event, int32(m.Priority)
 		if m.DedupKey != "" {
 			keys[i], keyed = &msgs[i].DedupKey, true
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("publish: %w", err)
 	}
 	var (
 		rows pgx.Rows
 		err  error
 	)
 	if keyed { // the keyed publish only when it is needed: the plain one is cheaper
-		rows, err = c.db.Query(ctx, c.q.publishKeyed, groups, events, prios, keys, c.cfg.DedupWindow.Seconds())
+		rows, err = db.Query(ctx, c.q.publishKeyed, groups, events, prios, keys, c.cfg.DedupWindow.Seconds())
 	} else {
-		rows, err = c.db.Query(ctx, c.q.publishMany, groups, events, prios)
+		rows, err = db.Query(ctx, c.q.publishMany, groups, events, prios)
 	}
 	if err != nil {
 		return nil, mapErr("publish", err)
@@ -129,6 +180,25 @@ func (c *Core) settle(ctx context.Context, leases []*pgtransport.Lease, keep boo
 // for workerID), in one transaction. It wakes nobody: its caller, a
 // stream, wakes Freed(settled) others, passing over its own ticket.
 func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
+	t0 := c.timer()
+	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
+	c.observeExchange(t0, len(acks), limit, claimed, err)
+	c.reportLost(settled)
+	return settled, claimed, err
+}
+
+// ExchangeLostUnreported is Exchange that leaves the acks it finds lost
+// unreported (LeaseLost: the log and the observer), for a caller that may
+// yet find such an ack applied (an async stream retrying an ack whose
+// reply was lost) and reports those it calls lost in the end itself.
+func (c *Core) ExchangeLostUnreported(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
+	t0 := c.timer()
+	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
+	c.observeExchange(t0, len(acks), limit, claimed, err)
+	return settled, claimed, err
+}
+
+func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	if limit > 0 || workerID != "" {
 		if err := CheckClaim(workerID, visibility, minPriority); err != nil {
 			return nil, nil, fmt.Errorf("exchange: %w", err)
@@ -247,13 +317,34 @@ func checkBatch(n int) error {
 // in flight then is given back (Release: free at once, not counted as an
 // attempt), as nobody will take it.
 func (c *Core) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	return c.claimWait(ctx, false, workerID, visibility, minPriority)
+}
+
+// ClaimWaitDetached is ClaimWait whose claims ctx does not cut short: each
+// runs under a timeout of its own (detachedClaimTimeout), so a claim in
+// flight when ctx ends completes, and its lease is given back (not counted
+// as an attempt) rather than left in doubt; then it returns ctx's error.
+// The runtime's slots wait with it: ctx is their shutdown.
+func (c *Core) ClaimWaitDetached(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	return c.claimWait(ctx, true, workerID, visibility, minPriority)
+}
+
+// detachedClaimTimeout bounds a ClaimWaitDetached claim.
+const detachedClaimTimeout = 30 * time.Second
+
+func (c *Core) claimWait(ctx context.Context, detach bool, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
 	p := &c.parking
 	for {
 		if p.Closed() {
 			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
 		}
 		ticket := p.Ticket() // before the claim: a wake-up after it is not lost
-		l, err := c.Claim(ctx, workerID, visibility, minPriority)
+		claimCtx, cancel := ctx, context.CancelFunc(func() {})
+		if detach {
+			claimCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), detachedClaimTimeout)
+		}
+		l, err := c.Claim(claimCtx, workerID, visibility, minPriority)
+		cancel()
 		if l != nil && p.Closed() {
 			ticket.Done()
 			c.giveBack(ctx, l)
@@ -264,6 +355,11 @@ func (c *Core) ClaimWait(ctx context.Context, workerID string, visibility time.D
 			// its error ("closed pool") is the Close the caller must see.
 			ticket.Done()
 			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+		}
+		if l != nil && detach && ctx.Err() != nil {
+			ticket.Done()
+			c.giveBack(ctx, l)
+			return nil, fmt.Errorf("claim: %w", ctx.Err())
 		}
 		if l != nil || err != nil {
 			ticket.Done()

@@ -7,12 +7,15 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
 )
 
-// Connect opens a pool on dsn and waits until the server answers, retrying
+// Connect opens a pool on dsn, of pgtransport.DefaultPoolSize connections
+// at most unless dsn sets pool_max_conns (or pgx's default is larger), and
+// waits until the server answers, retrying
 // with exponential backoff (50 ms up to 2 s) until ctx ends or
 // cfg.MaxConnectWait passes. The error then wraps both the reason it
 // stopped and the last connection error. A malformed dsn fails at once. It
@@ -25,6 +28,9 @@ func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, cfg, fmt.Errorf("%w: dsn: %w", pgtransport.ErrInvalidConfig, err)
+	}
+	if !setsPoolSize(dsn) {
+		pcfg.MaxConns = max(pcfg.MaxConns, pgtransport.DefaultPoolSize)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -51,6 +57,18 @@ func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.
 		return nil, cfg, fmt.Errorf("connect: %w", err)
 	}
 	return pool, cfg, nil
+}
+
+// setsPoolSize reports whether dsn, which pgxpool.ParseConfig accepted,
+// names the pool's size (pool_max_conns). pgxpool removes the setting as
+// it reads it, so it is looked for in a parse of its own.
+func setsPoolSize(dsn string) bool {
+	c, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return false
+	}
+	_, ok := c.RuntimeParams["pool_max_conns"]
+	return ok
 }
 
 // FromDSN is the front-ends' FromDSN: Connect, then open a transport on the

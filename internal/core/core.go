@@ -115,7 +115,9 @@ func (c *Core) Publish(ctx context.Context, group, event string, priority int) (
 // duplicate within Config.DedupWindow writes nothing and returns the
 // first message's seq) and wakes one parked caller.
 func (c *Core) PublishMessage(ctx context.Context, m pgtransport.Message) (int64, error) {
+	t0 := c.timer()
 	seq, err := c.publish(ctx, c.db, m)
+	c.observePublished(t0, 1, err)
 	c.parking.Wake(wakesPublish(1, err))
 	return seq, err
 }
@@ -132,10 +134,16 @@ func (c *Core) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, pr
 // invisible until then too: a concurrent publish of the same key waits
 // for the caller's transaction, and stores its own if that rolls back.
 func (c *Core) PublishMessageTx(ctx context.Context, tx pgx.Tx, m pgtransport.Message) (int64, error) {
-	if tx == nil {
-		return 0, fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
+	t0 := c.timer()
+	var (
+		seq int64
+		err = fmt.Errorf("publish: %w: nil transaction", pgtransport.ErrInvalidConfig)
+	)
+	if tx != nil {
+		seq, err = c.publish(ctx, tx, m)
 	}
-	return c.publish(ctx, tx, m)
+	c.observePublished(t0, 1, err) // the caller's commit, or rollback, is not seen
+	return seq, err
 }
 
 // publish appends m through db: the core's handle or a caller's
@@ -165,6 +173,19 @@ func (c *Core) publish(ctx context.Context, db DBTX, m pgtransport.Message) (int
 // Claim leases the next claimable group at or above minPriority and returns
 // its head, or nil when nothing is claimable.
 func (c *Core) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
+	t0 := c.timer()
+	l, err := c.claim(ctx, workerID, visibility, minPriority)
+	if c.Observing() {
+		n := 0
+		if l != nil {
+			n = 1
+		}
+		c.observeClaimed(t0, n, err)
+	}
+	return l, err
+}
+
+func (c *Core) claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) (*pgtransport.Lease, error) {
 	if err := CheckClaim(workerID, visibility, minPriority); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -211,10 +232,15 @@ func localExpiry(sent time.Time, visibility time.Duration) time.Time {
 // Ack deletes the lease's message and frees its group, waking one parked
 // caller.
 func (c *Core) Ack(ctx context.Context, l *pgtransport.Lease) error {
+	t0 := c.timer()
 	if err := checkLease(l); err != nil {
-		return fmt.Errorf("ack: %w", err)
+		err = fmt.Errorf("ack: %w", err)
+		c.observeAcked(t0, 1, err)
+		return err
 	}
 	err := c.fenced(ctx, "ack", c.q.ack, l.Group, l.Seq, l.Token)
+	c.observeAcked(t0, 1, err)
+	c.lostIf("ack", l, err)
 	c.parking.Wake(wakesSettle(err))
 	return err
 }
@@ -226,6 +252,7 @@ func (c *Core) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Durati
 		return fmt.Errorf("nack: %w", err)
 	}
 	err := c.fenced(ctx, "nack", c.q.nack, l.Group, l.Token, delay.Seconds())
+	c.lostIf("nack", l, err)
 	c.parking.Wake(wakesSettle(err))
 	return err
 }
@@ -245,6 +272,14 @@ const (
 // ErrLeaseLost (nothing changed) when the lease no longer holds. Like a
 // nack it wakes one parked caller.
 func (c *Core) Fail(ctx context.Context, l *pgtransport.Lease, cause error) (FailOutcome, error) {
+	t0 := c.timer()
+	out, err := c.fail(ctx, l, cause)
+	c.observeFailed(t0, l, out, cause, err)
+	c.lostIf("fail", l, err)
+	return out, err
+}
+
+func (c *Core) fail(ctx context.Context, l *pgtransport.Lease, cause error) (FailOutcome, error) {
 	if err := checkLease(l); err != nil {
 		return "", fmt.Errorf("fail: %w", err)
 	}
@@ -275,6 +310,7 @@ func (c *Core) Release(ctx context.Context, l *pgtransport.Lease) error {
 		return fmt.Errorf("release: %w", err)
 	}
 	err := c.held(ctx, "release", c.q.release, l.Group, l.Token)
+	c.lostIf("release", l, err)
 	c.parking.Wake(wakesSettle(err))
 	return err
 }
@@ -284,14 +320,19 @@ func (c *Core) Extend(ctx context.Context, l *pgtransport.Lease, visibility time
 	if err := cmp.Or(checkLease(l), checkVisibility(visibility)); err != nil {
 		return fmt.Errorf("extend: %w", err)
 	}
-	return c.fenced(ctx, "extend", c.q.extend, l.Group, l.Token, visibility.Seconds())
+	err := c.fenced(ctx, "extend", c.q.extend, l.Group, l.Token, visibility.Seconds())
+	c.lostIf("extend", l, err)
+	return err
 }
 
 // ExtendMany moves the end of every lease in leases to now + visibility in
 // one round-trip (a runtime's heartbeat): per lease, nil, or ErrLeaseLost
 // where its token no longer holds its group (nothing changed for it; a
 // second lease on a group already named is lost too). The error is for the
-// call as a whole (bad input, the database).
+// call as a whole (bad input, the database). Unlike the other calls it
+// neither logs nor observes the lost leases: its caller knows whether a
+// lost answer is news (a heartbeat that raced the ack of a handler which
+// just returned is not), and reports those that are.
 func (c *Core) ExtendMany(ctx context.Context, leases []*pgtransport.Lease, visibility time.Duration) ([]error, error) {
 	if err := cmp.Or(checkBatch(len(leases)), checkVisibility(visibility)); err != nil {
 		return nil, fmt.Errorf("extend: %w", err)

@@ -433,43 +433,10 @@ func TestFaults(t *testing.T) {
 
 	// Drain: a clean worker takes everything left (lapsed leases included)
 	// and acks it, but Fails poison (a crash included: it catches it).
+	r.drain(t)
 	drainer, err := pgsync.New(context.Background(), r.db.Pool, r.cfg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	// ClaimWait wakes when the earliest lapsed lease or park runs out, so
-	// the drain waits for those without polling. A message no claim can
-	// reach (a lost group row) leaves it waiting until the deadline; the
-	// check below then reports it.
-	drainCtx, drained := context.WithTimeout(context.Background(), time.Minute)
-	defer drained()
-	for {
-		var left int
-		if err := r.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM transport_messages`).Scan(&left); err != nil {
-			t.Fatal(err)
-		}
-		if left == 0 {
-			break
-		}
-		start := time.Now()
-		l, err := drainer.ClaimWait(drainCtx, "drain", time.Minute, 0)
-		if errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.record(history.Claim, "drain", l, start, nil)
-		if r.poison(l) != "" {
-			r.settlePoison("drain", l, "fail", drainer.Fail)
-			continue
-		}
-		start = time.Now()
-		err = drainer.Ack(context.Background(), l)
-		r.record(history.Ack, "drain", l, start, err)
-		if err != nil {
-			t.Fatal(err)
-		}
 	}
 	var msgs, grps int
 	if err := r.db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&msgs, &grps); err != nil {

@@ -1,0 +1,118 @@
+package sync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/worker"
+)
+
+// Work runs h on the queue's messages, cfg.Concurrency at a time, until
+// ctx ends; then it shuts down gracefully and returns nil. It is the
+// worker loop written once: see pgtransport.Handler for what h's result
+// does.
+//
+// Each of its cfg.Concurrency slots waits for work as ClaimWait does (no
+// polling), runs h, and then settles the result and claims its next lease
+// in one round-trip, one transaction: the ack keeps a hot group for the
+// next message, up to Config.MaxKeep in a row, or claims the group served
+// longest ago. So a busy slot makes one round-trip per message, and needs
+// a pool connection of its own (plus one for the heartbeats) to run at
+// full speed. Every third of cfg.Visibility one round-trip extends the
+// leases of the handlers that have been running for a while; a lease it
+// finds lost cancels that handler's ctx at once, and what the handler then
+// returns is ignored (the message will be handled again).
+//
+// Shutdown, when ctx ends: no more claims; the handlers running get
+// cfg.ShutdownTimeout to finish (their results are settled as usual),
+// then their ctx is cancelled (an error a handler then returns gives its
+// message back, not counted as an attempt: the shutdown cut it short, not
+// the message), and a handler that ignores it is given
+// pgtransport.AbandonTimeout more before Work returns without it (logged
+// at Error; its lease lapses). A lease claimed as the shutdown began and
+// not yet started is given back (free at once, not counted as an
+// attempt). Work returns once every goroutine it started has ended. A
+// caller that wants a quicker stop passes a short ShutdownTimeout.
+//
+// Close during Work ends it the same way, and Work then returns ErrClosed
+// (results settled after a Close that closed the pool cannot be: their
+// leases lapse). An invalid cfg returns ErrInvalidConfig (or the sentinel
+// of the field: ErrInvalidWorkerID, ErrInvalidVisibility,
+// ErrInvalidPriority) at once, as does a Transport already closed
+// (ErrClosed).
+func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error {
+	if err := t.check("work"); err != nil {
+		return err
+	}
+	cfg, err := worker.Check(cfg, h)
+	if err != nil {
+		return err
+	}
+	return worker.Run(ctx, worker.Config{
+		WorkerConfig: cfg,
+		Logger:       t.core.Logger(),
+		Observer:     t.core.Config().Observer,
+		Abandon:      pgtransport.AbandonTimeout,
+	}, &feed{c: t.core, cfg: cfg}, h)
+}
+
+// feed is the blocking runtime's worker.Feed: each slot claims for
+// itself, and acks and claims its next lease in one Exchange.
+type feed struct {
+	c   *core.Core
+	cfg pgtransport.WorkerConfig
+}
+
+// Next is ClaimWait whose claims stop does not cut short (a lease that
+// arrives once stop has ended is given back, not left in doubt).
+func (f *feed) Next(stop context.Context) (*pgtransport.Lease, error) {
+	l, err := f.c.ClaimWaitDetached(stop, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
+	if err != nil && stop.Err() != nil && !errors.Is(err, pgtransport.ErrClosed) {
+		return nil, stop.Err()
+	}
+	return l, err
+}
+
+// Ack acks l and, with more, keeps its group for the next message or
+// claims the slot's next lease, in one round-trip.
+func (f *feed) Ack(ctx context.Context, l *pgtransport.Lease, more bool) (*pgtransport.Lease, <-chan error, error) {
+	limit, workerID := 0, ""
+	if more {
+		limit, workerID = 1, f.cfg.WorkerID
+	}
+	settled, claimed, err := f.c.Exchange(ctx, []*pgtransport.Lease{l}, more, workerID, f.cfg.Visibility, f.cfg.MinPriority, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	f.c.Parking().Wake(core.Freed(settled)) // the slot itself is not parked: others
+	if err := settled[0].Err; err != nil {
+		if len(claimed) > 0 { // not kept, so maybe claimed
+			return claimed[0], nil, fmt.Errorf("ack: %w", err)
+		}
+		return nil, nil, fmt.Errorf("ack: %w", err)
+	}
+	if next := settled[0].Next; next != nil {
+		return next, nil, nil
+	}
+	if len(claimed) > 0 {
+		return claimed[0], nil, nil
+	}
+	return nil, nil, nil
+}
+
+func (f *feed) Fail(ctx context.Context, l *pgtransport.Lease, cause error) error {
+	_, err := f.c.Fail(ctx, l, cause)
+	return err
+}
+
+func (f *feed) Release(ctx context.Context, l *pgtransport.Lease) error { return f.c.Release(ctx, l) }
+
+func (f *feed) Lost(*pgtransport.Lease) {}
+
+func (f *feed) Extend(ctx context.Context, leases []*pgtransport.Lease, visibility time.Duration) ([]error, error) {
+	return f.c.ExtendMany(ctx, leases, visibility)
+}

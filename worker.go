@@ -1,0 +1,67 @@
+package pgtransport
+
+import (
+	"context"
+	"time"
+)
+
+// Defaults of a WorkerConfig's zero fields.
+const (
+	// DefaultConcurrency is WorkerConfig.Concurrency's value when it is 0.
+	DefaultConcurrency = 16
+	// DefaultWorkerVisibility is WorkerConfig.Visibility's value when it
+	// is 0.
+	DefaultWorkerVisibility = 30 * time.Second
+	// DefaultShutdownTimeout is WorkerConfig.ShutdownTimeout's value when
+	// it is 0.
+	DefaultShutdownTimeout = 30 * time.Second
+	// AbandonTimeout is how long a shutdown waits, after it cancelled the
+	// handlers' ctx, for a handler that ignores it: then Work returns
+	// without it (an error is logged), and its lease lapses.
+	AbandonTimeout = 5 * time.Second
+)
+
+// Handler handles one message, the head of lease.Group, which no other
+// worker is handed while it runs. Returning nil acks the message; an error
+// fails it (Fail: the queue's retry policy, then the dead letters); a panic
+// is recovered, logged with its stack, and fails it with the panic as the
+// cause. Handlers of different groups run concurrently; a group's messages
+// are handled one at a time, in order.
+//
+// ctx is cancelled when the lease is lost (a heartbeat found another worker
+// holds the group, or could not extend it before it lapsed) and at the end
+// of a graceful shutdown's ShutdownTimeout. After a lost lease the message
+// will be handled again elsewhere, and the handler's result is ignored: it
+// neither acks nor fails. After a shutdown's cancel, an error gives the
+// message back uncounted (nil still acks). The handler must not ack, nack
+// or fail the lease itself. "No other worker is handed it" holds while the
+// lease does: the runtime cancels ctx the moment the lease lapses by this
+// process's clock (its heartbeats failed), before the database could hand
+// it out.
+type Handler func(ctx context.Context, lease *Lease) error
+
+// WorkerConfig configures a handler runtime (the Work method of either
+// transport). The zero value works.
+type WorkerConfig struct {
+	// WorkerID prefixes the leases' tokens: "" means hostname:pid. Run one
+	// runtime per process, with the Concurrency it needs, rather than many
+	// small ones.
+	WorkerID string
+	// Concurrency is the most handlers that run at once: 0 means
+	// DefaultConcurrency; at most MaxBatch. The runtime holds at most this
+	// many leases (the blocking runtime needs a pool connection per
+	// handler slot to run at full speed, plus one for heartbeats).
+	Concurrency int
+	// Visibility is each lease's length: 0 means DefaultWorkerVisibility;
+	// at least MinVisibility. It bounds how long a message of a crashed
+	// worker waits before it is handed out again, not how long a handler
+	// may run: the runtime extends the leases of running handlers every
+	// third of it (one round-trip for all of them).
+	Visibility time.Duration
+	// MinPriority is the priority floor: only groups at or above it.
+	MinPriority int
+	// ShutdownTimeout is how long a shutdown lets running handlers finish
+	// before it cancels their ctx: 0 means DefaultShutdownTimeout. For a
+	// hard stop pass a short one.
+	ShutdownTimeout time.Duration
+}
