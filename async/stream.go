@@ -371,7 +371,12 @@ func (s *Stream) landed(ctx context.Context, w *idleState, t trip, retry *backof
 // its waiter row, unless the last still stands, and a fresh ticket.
 func (s *Stream) arm(ctx context.Context, w *idleState) error {
 	if !w.armedNow(time.Now()) {
-		d, ok, err := s.t.core.Wait(ctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+		// Not cut short by ctx: a Close that cancelled it mid-flight could
+		// see its Unwait (in finish) run before this row commits, and leave
+		// the row behind until it lapses. It takes milliseconds.
+		wctx, cancel := s.t.detach(ctx, 5*time.Second)
+		d, ok, err := s.t.core.Wait(wctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+		cancel()
 		if err != nil {
 			return err
 		}

@@ -50,3 +50,49 @@ func TestExtendMany(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(ends, []float64{1200, 1200, 1060}) // c unchanged
 }
+
+// TestAckClaim: harel_ack_claim keeps a group that has another message
+// when asked (same token, that message next), else acks and claims the
+// group served longest ago for the new token; a lost lease is answered
+// held = false and the claim is made all the same.
+func TestAckClaim(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	for _, g := range []string{"a", "a", "b"} {
+		_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, g)
+		is.NoErr(err)
+	}
+	var a1 int64
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim_one(1000, 1060, 'w:1')`).Scan(&a1)) // a's first
+	type step struct {
+		Held, Kept bool
+		Group      *string
+		Seq        *int64
+	}
+	next := func(group string, seq int64, token string, keep bool, newToken string) step {
+		t.Helper()
+		var s step
+		is.NoErr(c.QueryRow(ctx(t), `SELECT held, kept, group_id, seq FROM harel_ack_claim($1, $2, $3, $4, 1001, 1061, $5, 0)`,
+			group, seq, token, keep, newToken).Scan(&s.Held, &s.Kept, &s.Group, &s.Seq))
+		return s
+	}
+	s := next("a", a1, "w:1", true, "w:2")
+	is.True(s.Held && s.Kept) // a has another message: kept under w:1
+	is.Equal(*s.Group, "a")
+	a2 := *s.Seq
+	var holder string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT locked_by FROM transport_groups WHERE group_id = 'a'`).Scan(&holder))
+	is.Equal(holder, "w:1")
+	s = next("a", a2, "w:1", true, "w:3")
+	is.True(s.Held && !s.Kept) // drained: acked, then a claim for w:3
+	is.Equal(*s.Group, "b")
+	s = next("a", a2, "w:1", false, "w:4")
+	is.True(!s.Held)        // already settled: lost
+	is.True(s.Group == nil) // and nothing left to claim
+	var left int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&left))
+	is.Equal(left, 1) // b's, leased to w:3
+}

@@ -3,7 +3,6 @@ package sync
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/pgtransport/pgtransport"
@@ -61,7 +60,8 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 }
 
 // feed is the blocking runtime's worker.Feed: each slot claims for
-// itself, and acks and claims its next lease in one Exchange.
+// itself, and acks and takes its next lease in one round-trip
+// (core.AckClaim).
 type feed struct {
 	c   *core.Core
 	cfg pgtransport.WorkerConfig
@@ -78,30 +78,16 @@ func (f *feed) Next(stop context.Context) (*pgtransport.Lease, error) {
 }
 
 // Ack acks l and, with more, keeps its group for the next message or
-// claims the slot's next lease, in one round-trip.
+// claims the slot's next lease, in one round-trip (core.AckClaim).
 func (f *feed) Ack(ctx context.Context, l *pgtransport.Lease, more bool) (*pgtransport.Lease, <-chan error, error) {
-	limit, workerID := 0, ""
-	if more {
-		limit, workerID = 1, f.cfg.WorkerID
+	if !more { // shutting down: the ack alone
+		return nil, nil, f.c.Ack(ctx, l)
 	}
-	settled, claimed, err := f.c.Exchange(ctx, []*pgtransport.Lease{l}, more, workerID, f.cfg.Visibility, f.cfg.MinPriority, limit)
+	next, ackErr, err := f.c.AckClaim(ctx, l, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
 	if err != nil {
 		return nil, nil, err
 	}
-	f.c.Parking().Wake(core.Freed(settled)) // the slot itself is not parked: others
-	if err := settled[0].Err; err != nil {
-		if len(claimed) > 0 { // not kept, so maybe claimed
-			return claimed[0], nil, fmt.Errorf("ack: %w", err)
-		}
-		return nil, nil, fmt.Errorf("ack: %w", err)
-	}
-	if next := settled[0].Next; next != nil {
-		return next, nil, nil
-	}
-	if len(claimed) > 0 {
-		return claimed[0], nil, nil
-	}
-	return nil, nil, nil
+	return next, nil, ackErr
 }
 
 func (f *feed) Fail(ctx context.Context, l *pgtransport.Lease, cause error) error {

@@ -111,7 +111,7 @@ const (
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	publish, claim, ack, nack, extend    string
-	extendMany                           string
+	extendMany, ackClaim                 string
 	claimInTx, fail, release             string
 	wait, unwait, channel                string
 	publishMany, publishKeyed, exchange  string
@@ -142,6 +142,7 @@ func newStatements(schema string, clock bool) statements {
 		channel:   bind(channelSQL),
 
 		extendMany: bind(extendManySQL),
+		ackClaim:   bind(ackClaimSQL),
 		fail:       bind(failSQL),
 		release:    bind(releaseSQL),
 

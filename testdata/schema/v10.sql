@@ -1216,6 +1216,56 @@ AS $$
      ORDER BY e.n
 $$;
 
+-- harel_ack_claim is a blocking worker's step between two messages, in
+-- one transaction (version 10): settle the lease p_token holds on p_group
+-- (message p_seq) and take the worker's next one. With p_keep and another
+-- message in the group, the lease keeps the group for that message (as
+-- harel_ack_many's keep: same token, lock_expiry = p_lease): kept, and
+-- that message with attempt 1 and its age. Otherwise harel_ack settles it
+-- (held as harel_ack answers; PT001 as harel_ack refuses) and
+-- harel_claim_one leases the group served longest ago to p_new_token:
+-- its head in group_id..age, or NULLs when nothing is claimable. One row.
+-- Cheaper for one lease than harel_exchange, which is built for batches.
+CREATE OR REPLACE FUNCTION harel_ack_claim(
+    p_group        TEXT,
+    p_seq          BIGINT,
+    p_token        TEXT,
+    p_keep         BOOLEAN,
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_new_token    TEXT,
+    p_min_priority INT)
+RETURNS TABLE (held BOOLEAN, kept BOOLEAN, group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    r RECORD;
+BEGIN
+    kept := false;
+    IF p_keep AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq) THEN
+        SELECT e.held, e.seq, e.event, e.attempt, e.age INTO r
+          FROM harel_exchange_leases(p_now, p_lease, NULL, 0, 0,
+                                     ARRAY[p_group], ARRAY[p_seq], ARRAY[p_token], ARRAY[true]) AS e;
+        held := r.held;
+        IF r.seq IS NOT NULL THEN
+            kept := true; group_id := p_group; seq := r.seq; event := r.event; attempt := r.attempt; age := r.age;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    ELSE
+        held := harel_ack(p_group, p_seq, p_token, p_now);
+    END IF;
+    SELECT c.group_id, c.seq, c.event, c.attempt, c.age INTO group_id, seq, event, attempt, age
+      FROM harel_claim_one(p_now, p_lease, p_new_token, p_min_priority) AS c;
+    RETURN NEXT;
+END
+$$;
+
 -- harel_ack_many settles many leases in one round-trip, each fenced on its
 -- own token: held is false (and nothing changed for it) where p_tokens[i]
 -- no longer holds p_groups[i], and for every repeat of a group already
