@@ -970,22 +970,38 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    r RECORD;
+    v_seq   BIGINT;
+    v_event TEXT;
+    v_pub   TIMESTAMPTZ;
 BEGIN
     kept := false;
-    IF p_keep AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq) THEN
-        SELECT e.held, e.seq, e.event, e.attempt, e.age INTO r
-          FROM harel_exchange_leases(p_now, p_lease, NULL, 0, 0,
-                                     ARRAY[p_group], ARRAY[p_seq], ARRAY[p_token], ARRAY[true]) AS e;
-        held := r.held;
-        IF r.seq IS NOT NULL THEN
-            kept := true; group_id := p_group; seq := r.seq; event := r.event; attempt := r.attempt; age := r.age;
-            RETURN NEXT;
-            RETURN;
+    IF p_keep THEN
+        -- The keep, for one lease, as harel_exchange_leases keeps (see
+        -- "Ack" above): the next message, read before any lock, then the
+        -- fence that keeps the row in its one write.
+        SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
+          FROM transport_messages AS m
+         WHERE m.group_id = p_group AND m.seq <> p_seq
+         ORDER BY m.seq
+         LIMIT 1;
+        IF v_seq IS NOT NULL THEN
+            UPDATE transport_groups AS g
+               SET lock_expiry = p_lease, delivered_seq = v_seq, attempts = 1
+             WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+               AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+               AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
+            IF FOUND THEN
+                DELETE FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group;
+                held := true; kept := true;
+                group_id := p_group; seq := v_seq; event := v_event; attempt := 1;
+                age := date_part('epoch', clock_timestamp() - v_pub);
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            -- Not held, or not this seq: harel_ack answers it (false, or PT001).
         END IF;
-    ELSE
-        held := harel_ack(p_group, p_seq, p_token, p_now);
     END IF;
+    held := harel_ack(p_group, p_seq, p_token, p_now);
     SELECT c.group_id, c.seq, c.event, c.attempt, c.age INTO group_id, seq, event, attempt, age
       FROM harel_claim_one(p_now, p_lease, p_new_token, p_min_priority) AS c;
     RETURN NEXT;
