@@ -186,7 +186,9 @@ type Message struct {
 	// DedupKey, if not "", makes the publish idempotent: a publish whose
 	// (Group, DedupKey) was published within Config.DedupWindow (or earlier
 	// in the same batch) writes nothing and returns the seq of that first
-	// message. At most MaxDedupKeyBytes, valid UTF-8, no NUL byte.
+	// message. The Event is not compared: a different event under a key
+	// already seen is dropped all the same. (Seqs still rise, with gaps.)
+	// At most MaxDedupKeyBytes, valid UTF-8, no NUL byte.
 	DedupKey string
 }
 
@@ -245,7 +247,9 @@ type Config struct {
 	// Schema places every table and function in this PostgreSQL schema
 	// (created if absent). Empty means the connection's current schema and
 	// unqualified names, exactly as the design writes them. Two transports
-	// in different schemas never see each other's messages.
+	// in different schemas never see each other's messages. The name is
+	// used verbatim, as a quoted identifier: case and punctuation count
+	// ("MyQueue" is not myqueue).
 	Schema string
 
 	// SkipApply leaves the schema alone on open: for teams that load the
@@ -301,13 +305,15 @@ type Config struct {
 	// lapsed). It is the queue's, kept in the database
 	// (transport_policy), so every consumer applies it, plain-SQL ones
 	// included: a transport opened with it set writes it there. 0 leaves
-	// the queue's setting (DefaultMaxAttempts for a new queue); Unlimited
-	// retries forever.
+	// the queue's setting (DefaultMaxAttempts for a new queue; it stays
+	// what the last transport set: to go back, set DefaultMaxAttempts);
+	// Unlimited retries forever.
 	MaxAttempts int
 
 	// RetryBackoffMin and RetryBackoffMax bound how long a Fail parks the
-	// group: exponential in the attempt, with jitter (half fixed, half
-	// random). The queue's, as MaxAttempts: 0 leaves the queue's setting
+	// group: RetryBackoffMin·2^(attempt-1), capped at RetryBackoffMax, with
+	// equal jitter (between half that and all of it), never below
+	// RetryBackoffMin. The queue's, as MaxAttempts: 0 leaves the queue's setting
 	// (DefaultRetryBackoffMin, DefaultRetryBackoffMax for a new queue);
 	// else MinRetryBackoff to MaxRetryBackoff, min not above max.
 	RetryBackoffMin time.Duration
@@ -325,7 +331,9 @@ type Config struct {
 
 	// Logger receives what an operator must see: lost leases, panics in
 	// handlers (with their stack), dead-lettered messages and stopped
-	// groups, listener and stream reconnects, shutdown timeouts. Trouble
+	// groups (those a Fail decides; a head whose last lease lapsed is
+	// dead-lettered by the next claim, in the database, unlogged: watch
+	// DeadLetters), listener and stream reconnects, shutdown timeouts. Trouble
 	// is logged at Warn or Error; events of single messages (a claim, an
 	// ack, a give-back) at Debug only, so a healthy busy system logs
 	// nothing per message. Nil means slog.Default() (looked up at each

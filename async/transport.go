@@ -94,7 +94,8 @@ func (t *Transport) vacuum() {
 }
 
 // FromDSN connects to dsn with a pool, waiting with backoff while the server
-// does not accept connections (as sync.FromDSN does), and returns a
+// does not accept connections (as sync.FromDSN does; an empty dsn means
+// libpq's defaults there too), and returns a
 // Transport that owns the pool. The pool holds up to
 // pgtransport.DefaultPoolSize (20) connections unless the dsn sets
 // pool_max_conns: a stream uses up to two, each call in flight (a Fail,

@@ -36,6 +36,9 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Transport, erro
 }
 
 // FromDSN connects to dsn with a pool and returns a Transport that owns it.
+// An empty dsn means libpq's defaults (the PG* environment variables, the
+// local socket, the OS user's name as role and database), as pgx reads
+// them.
 // While the server does not accept connections it retries with exponential
 // backoff, so a worker started beside PostgreSQL waits for it; it gives up
 // when ctx ends or cfg.MaxConnectWait passes, with an error that wraps both

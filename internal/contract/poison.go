@@ -177,8 +177,9 @@ func attemptsCountEveryHandOut(is *is.I, e *env) {
 }
 
 // failRecordsCauseAndParksWithinBackoff: Fail records the cause on the
-// message and parks the group for a backoff between half the queue's
-// minimum (equal jitter) and its maximum, growing with the attempt. The
+// message and parks the group for a backoff between the queue's minimum
+// and its maximum (equal jitter, never below the minimum), growing with
+// the attempt. The
 // failed lease is over: a late Ack or Extend of it is ErrLeaseLost.
 func failRecordsCauseAndParksWithinBackoff(is *is.I, e *env) {
 	const lo, hi = 10 * time.Second, 40 * time.Second
@@ -193,17 +194,17 @@ func failRecordsCauseAndParksWithinBackoff(is *is.I, e *env) {
 		e.fail(e.tr, l, cause)
 		is.Equal(e.text(`SELECT last_error FROM transport_messages WHERE seq = $1`, seq), cause) // recorded on the message
 		park := e.leaseSeconds("g")
-		if park < (lo/2).Seconds() || park > hi.Seconds() {
-			e.t.Errorf("attempt %d: parked %.3f s, want %v to %v", attempt, park, lo/2, hi)
+		if park < lo.Seconds() || park > hi.Seconds() {
+			e.t.Errorf("attempt %d: parked %.3f s, want %v to %v", attempt, park, lo, hi)
 		}
 		if attempt == 5 && park < (hi/2).Seconds() {
 			e.t.Errorf("attempt 5: parked %.3f s, want at least %v: the backoff grows to the maximum", park, hi/2)
 		}
 		is.True(errors.Is(e.tr.Ack(e.ctx(), l), pgtransport.ErrLeaseLost))                 // the failed lease is over: no late ack
 		is.True(errors.Is(e.tr.Extend(e.ctx(), l, time.Minute), pgtransport.ErrLeaseLost)) // nor extend
-		e.clock.Advance(lo/2 - time.Millisecond)
+		e.clock.Advance(lo - time.Millisecond)
 		is.Equal(e.claim("w", 0), nil) // parked
-		e.clock.Advance(hi - lo/2 + 2*time.Millisecond)
+		e.clock.Advance(hi - lo + 2*time.Millisecond)
 	}
 	e.ack(e.claim("w", 0))
 	m, g := e.rows()

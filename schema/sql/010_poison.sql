@@ -56,7 +56,8 @@ CREATE INDEX IF NOT EXISTS transport_dead_letters_group
 --     stays at the head and its group is stopped until an operator runs
 --     harel_restart_group).
 --   backoff_min, backoff_max: seconds; harel_fail parks a group for
---     backoff_min * 2^(attempt-1), at most backoff_max, with equal jitter.
+--     backoff_min * 2^(attempt-1), at most backoff_max, with equal jitter,
+--     never below backoff_min.
 CREATE TABLE IF NOT EXISTS transport_policy (
     id           BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
     max_attempts INT NOT NULL DEFAULT 10 CHECK (max_attempts >= 0),

@@ -243,7 +243,8 @@ CREATE INDEX IF NOT EXISTS transport_dead_letters_group
 --     stays at the head and its group is stopped until an operator runs
 --     harel_restart_group).
 --   backoff_min, backoff_max: seconds; harel_fail parks a group for
---     backoff_min * 2^(attempt-1), at most backoff_max, with equal jitter.
+--     backoff_min * 2^(attempt-1), at most backoff_max, with equal jitter,
+--     never below backoff_min.
 CREATE TABLE IF NOT EXISTS transport_policy (
     id           BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
     max_attempts INT NOT NULL DEFAULT 10 CHECK (max_attempts >= 0),
@@ -1327,7 +1328,8 @@ $$;
 --   'retry': attempts left. p_error (cut to 2,048 characters) is recorded
 --     on the message (last_error) and the group is parked for
 --     backoff_min * 2^(attempt-1) seconds, at most backoff_max, with
---     equal jitter (between half that and all of it). The lease is over:
+--     equal jitter (between half that and all of it, never below
+--     backoff_min): always between backoff_min and backoff_max. The lease is over:
 --     the park is held by no token (locked_by ''), so a late ack, nack
 --     or extend under p_token changes nothing (a nack with a delay, by
 --     contrast, parks under its own token).
@@ -1423,7 +1425,7 @@ BEGIN
         RETURN 'stopped';
     END IF;
     v_delay := LEAST(v_cap, v_min * power(2::float8, LEAST(v_att - 1, 60)));
-    v_delay := v_delay / 2 + random() * v_delay / 2;
+    v_delay := GREATEST(v_min, v_delay / 2 + random() * v_delay / 2);
     UPDATE transport_groups AS g
        SET locked_by = '', lock_expiry = p_now + v_delay
      WHERE g.group_id = p_group;
