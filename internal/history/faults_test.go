@@ -133,6 +133,18 @@ func (r *rig) record(kind history.Kind, worker string, l *pgtransport.Lease, sta
 	r.h.Add(history.Op{Kind: kind, Worker: worker, Group: l.Group, Seq: l.Seq, Token: l.Token, Outcome: outcome(err), Start: start, End: time.Now()})
 }
 
+// recordBatch records a PublishMany of msgs, which began at start: one
+// publish per message, each with its seq unless the batch failed.
+func (r *rig) recordBatch(worker string, msgs []pgtransport.Message, seqs []int64, start time.Time, err error) {
+	for j, m := range msgs {
+		op := history.Op{Kind: history.Publish, Worker: worker, Group: m.Group, Outcome: outcome(err), Start: start, End: time.Now()}
+		if err == nil {
+			op.Seq = seqs[j]
+		}
+		r.h.Add(op)
+	}
+}
+
 // poison says how l's handler breaks: "fail", "crash", or "" (healthy,
 // or healed by the operator before a redrive).
 func (r *rig) poison(l *pgtransport.Lease) string {
@@ -251,13 +263,7 @@ func TestFaults(t *testing.T) {
 						msgs[j] = pgtransport.Message{Group: pick(p), Event: poisonEvent(fmt.Sprintf("p%d-%d-%d", p, i, j))}
 					}
 					seqs, err := st.PublishMany(context.Background(), msgs)
-					for j, m := range msgs {
-						op := history.Op{Kind: history.Publish, Worker: fmt.Sprint("p", p), Group: m.Group, Outcome: outcome(err), Start: start, End: time.Now()}
-						if err == nil {
-							op.Seq = seqs[j]
-						}
-						r.h.Add(op)
-					}
+					r.recordBatch(fmt.Sprint("p", p), msgs, seqs, start, err)
 					continue
 				}
 				group := pick(p)

@@ -70,13 +70,7 @@ func TestFaultsWork(t *testing.T) {
 					msgs[j] = pgtransport.Message{Group: pick(p), Event: poisonEvent(fmt.Sprintf("p%d-%d-%d", p, i, j))}
 				}
 				seqs, err := st.PublishMany(context.Background(), msgs)
-				for j, m := range msgs {
-					op := history.Op{Kind: history.Publish, Worker: fmt.Sprint("p", p), Group: m.Group, Outcome: outcome(err), Start: start, End: time.Now()}
-					if err == nil {
-						op.Seq = seqs[j]
-					}
-					r.h.Add(op)
-				}
+				r.recordBatch(fmt.Sprint("p", p), msgs, seqs, start, err)
 				time.Sleep(10 * time.Millisecond) // kept: paces the publishers so the workers keep up
 			}
 		})
