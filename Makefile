@@ -4,22 +4,27 @@ RESULTS ?= results
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 3
 FUZZTIME ?= 10m
+# Nested modules with their own go.mod (dependencies the library's go.mod
+# must not carry): tested, vetted and tidied with the library.
+MODULES = metrics cmd/pgtransport
 
-.PHONY: help test schema bench bench-full bench-go fuzz fmt vet tidy
+.PHONY: help test schema bench bench-full bench-go bench-stats failover fuzz fmt vet tidy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-test: tidy vet ## vet, every test under the race detector on a real PostgreSQL, and a short fuzz pass
+test: tidy vet ## vet, every test under the race detector on a real PostgreSQL (library, metrics, command), and a short fuzz pass
 	$(GO) test -race -count=1 -timeout 20m ./...
+	for m in $(MODULES); do (cd $$m && $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzPublish$$' -fuzztime 10s ./sync
 
 fuzz: ## fuzz publish for FUZZTIME (default 10m)
 	$(GO) test -run '^$$' -fuzz '^FuzzPublish$$' -fuzztime $(FUZZTIME) ./sync
 
-vet: ## go vet (library and bench module) and a gofmt check
+vet: ## go vet (library, bench and nested modules) and a gofmt check
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	@test -z "$$(gofmt -l . | grep -v '^testdata/')" || { gofmt -l .; echo "gofmt needed"; exit 1; }
 
 schema: ## print the complete SQL script (default names) to stdout
@@ -31,12 +36,19 @@ bench: ## pgtransport vs the old design vs River, poison messages and dedup, abo
 bench-full: ## the same, longer runs and more of them
 	cd bench && $(GO) run . -full -out $(abspath $(RESULTS))
 
+bench-stats: ## the operator's reads (Stats, Groups, Peek) at 1,000,000 groups and 10,000,000 messages, about 5 minutes
+	cd bench && $(GO) run . -only '^stats$$' -out $(abspath $(RESULTS))
+
+failover: ## primary/standby failover at length: 5 runs each of sync replication, async with a lagging standby, and a hung primary; about 10 min
+	PGTRANSPORT_FAILOVER_RUNS=5 PGTRANSPORT_FAILOVER_ASYNC=1 PGTRANSPORT_FAILOVER_FROZEN=1 PGTRANSPORT_FAULT_SCALE=3 $(GO) test -run '^TestFailover' -count=1 -v -timeout 30m ./internal/history/
+
 bench-go: ## the go test benchmarks in bench/ (BENCHTIME, BENCHCOUNT)
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) .
 
-tidy: ## fail when go mod tidy would change go.mod or go.sum (library and bench module)
+tidy: ## fail when go mod tidy would change go.mod or go.sum (library, bench and nested modules)
 	$(GO) mod tidy -diff
 	cd bench && $(GO) mod tidy -diff
+	for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || exit 1; done
 
 fmt: ## gofmt the tree
 	gofmt -w .

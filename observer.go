@@ -38,8 +38,10 @@ type Observer interface {
 	// for PublishMany; n counts messages a dedup key held back too).
 	Published(n int, d time.Duration, err error)
 	// Claimed: a claim that handed out n leases (0: nothing was
-	// claimable), including a stream's claims and the claims an
-	// exchange (ack and claim in one round-trip) makes.
+	// claimable), including a stream's claims, the claims an exchange
+	// (ack and claim in one round-trip) makes, and the leases an ack kept
+	// for its group's next message (AckNext, a stream's or the runtime's
+	// keep): n counts every message handed out.
 	Claimed(n int, d time.Duration, err error)
 	// Acked: an ack of n leases (an AckNext, AckMany or a stream's
 	// batched ack). Leases found lost are counted in n too, and reported

@@ -356,4 +356,57 @@ type Config struct {
 	// table); set it where autovacuum is off or cannot keep up. Needs a
 	// role that may VACUUM the tables (their owner).
 	Vacuum time.Duration
+
+	// Pooling says whether the connections the transport is given keep
+	// their session between transactions, which decides two things a
+	// transaction pooler (PgBouncer's pool_mode=transaction) breaks:
+	// pgx's query exec mode, and notifications. PoolingDetect (the zero
+	// value) asks the server on open (see PoolingDetect for how, and what
+	// it cannot see); PoolingSession and PoolingTransaction say it
+	// outright. Behind a transaction pooler the transport refuses pgx's
+	// statement-caching exec modes (ErrPoolerExecMode), and an async
+	// Transport listens only through ListenDSN: without one its streams
+	// find work every IdleSweep and their Ready never closes.
+	Pooling Pooling
+
+	// ListenDSN, if set, is a connection string straight to PostgreSQL,
+	// bypassing any pooler, on which an async Transport listens for
+	// notifications: one connection per process and ListenDSN, instead of
+	// one taken out of the transport's pool. It is what makes streams wake
+	// at once behind a transaction pooler, through which LISTEN never
+	// delivers. Each connect checks that it reached PostgreSQL itself: one
+	// that went through a pooler is closed, logged and retried, and the
+	// streams look for work every IdleSweep meanwhile. Ignored by the
+	// blocking transport and with DisableNotify.
+	ListenDSN string
 }
+
+// Pooling is what Config.Pooling says of a transport's connections.
+type Pooling string
+
+const (
+	// PoolingDetect compares, on open, the process id the server reported
+	// at connect (the protocol's BackendKeyData) with pg_backend_pid() on
+	// the same connection. PostgreSQL reports its own; PgBouncer, in every
+	// pool mode, reports a key of its own making; RDS Proxy reports none.
+	// A difference means a pooler, taken to pool transactions. A pooler
+	// that passes the server's key through is not seen (say
+	// PoolingTransaction), and a session-mode pooler is taken for a
+	// transaction-mode one (say PoolingSession).
+	PoolingDetect Pooling = ""
+	// PoolingSession: every connection keeps its session (no pooler, or a
+	// session-mode one): nothing is checked.
+	PoolingSession Pooling = "session"
+	// PoolingTransaction: a transaction pooler lies between, detected or
+	// not.
+	PoolingTransaction Pooling = "transaction"
+)
+
+// ErrPoolerExecMode: the transport's connections go through a transaction
+// pooler (Config.Pooling) and use a pgx query exec mode that keeps state in
+// the server session: cache_statement (pgx's default) names prepared
+// statements the next transaction may not find, or finds another client's;
+// describe_exec sends a statement's parse and its execution in two
+// transactions. Choose exec, cache_describe or simple_protocol (the DSN's
+// default_query_exec_mode, or pgx.ConnConfig.DefaultQueryExecMode).
+var ErrPoolerExecMode = errors.New("pgtransport: query exec mode unsafe behind a transaction pooler")

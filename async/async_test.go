@@ -198,6 +198,14 @@ func resultType(v reflect.Type) (reflect.Type, bool) {
 		return reflect.TypeFor[async.Result[[]error]](), true
 	case reflect.TypeFor[[]pgtransport.DeadLetter]():
 		return reflect.TypeFor[async.Result[[]pgtransport.DeadLetter]](), true
+	case reflect.TypeFor[pgtransport.Stats]():
+		return reflect.TypeFor[async.Result[pgtransport.Stats]](), true
+	case reflect.TypeFor[pgtransport.GroupInfo]():
+		return reflect.TypeFor[async.Result[pgtransport.GroupInfo]](), true
+	case reflect.TypeFor[[]pgtransport.GroupInfo]():
+		return reflect.TypeFor[async.Result[[]pgtransport.GroupInfo]](), true
+	case reflect.TypeFor[[]pgtransport.PeekedMessage]():
+		return reflect.TypeFor[async.Result[[]pgtransport.PeekedMessage]](), true
 	}
 	return nil, false
 }

@@ -208,6 +208,19 @@ func (g *ledger) nextDeadline(now time.Time) time.Time {
 	return first
 }
 
+// nextGiveBack is when a lease still unreceived in C is next due to be
+// given back (received ones have giveBack = lapses: see received): at most
+// an hour after now.
+func (g *ledger) nextGiveBack(now time.Time) time.Time {
+	first := now.Add(time.Hour)
+	for _, h := range g.held {
+		if h.giveBack.Before(h.lapses) {
+			first = minTime(first, h.giveBack)
+		}
+	}
+	return first
+}
+
 // stale reports whether l, still unreceived in C, is due to be given back.
 func (g *ledger) stale(l *pgtransport.Lease, now time.Time) bool {
 	h, ok := g.held[keyOf(l)]

@@ -1,8 +1,10 @@
 package async_test
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +20,12 @@ import (
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
-// TestLeastPrivilegeRole: a role given only schema.Grants can do all a
-// worker does, blocking and async, and cannot change the queue's tables or
-// functions.
+// TestLeastPrivilegeRole: a role given only schema.Grants, opening its
+// transports with SkipApply (no DDL on open), can do all a worker and an
+// operator does, blocking and async: publish, claim, settle, stream, the
+// handler runtime with its heartbeats, fails and dead letters, and the
+// operator's reads, pause, purge and redrive. It cannot change the queue's
+// tables or functions (the owner applies the schema).
 func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -82,6 +87,59 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	got := receive(t, s, 10*time.Second)
 	is.Equal(got.Event, "x")
 	is.NoErr(<-at.Ack(ctx(t), got))
+	s.Close()
+
+	// The handler runtime, on both front-ends: acks, and a fail that
+	// dead-letters (the policy, one attempt, set by the owner: a worker
+	// may read it, not change it).
+	_, err = db.Pool.Exec(ctx(t), `UPDATE `+pgx.Identifier{db.Schema, "transport_policy"}.Sanitize()+` SET max_attempts = 1`)
+	is.NoErr(err)
+	for _, w := range []struct {
+		name string
+		work func(context.Context, pgtransport.WorkerConfig, pgtransport.Handler) error
+	}{{"sync", st.Work}, {"async", at.Work}} {
+		_, err = st.PublishMany(ctx(t), []pgtransport.Message{{Group: w.name, Event: "ok"}, {Group: w.name, Event: "bad"}})
+		is.NoErr(err)
+		wctx, stop := context.WithCancel(ctx(t))
+		var handled atomic.Int32
+		err = w.work(wctx, pgtransport.WorkerConfig{WorkerID: w.name, Concurrency: 2, Visibility: 5 * time.Second},
+			func(_ context.Context, l *pgtransport.Lease) error {
+				if handled.Add(1) == 2 {
+					defer stop()
+				}
+				if l.Event == "bad" {
+					return errors.New("bad event")
+				}
+				return nil
+			})
+		is.NoErr(err) // the run ended with its ctx
+		is.Equal(handled.Load(), int32(2))
+	}
+
+	// The operator's calls.
+	stats, err := st.Stats(ctx(t))
+	is.NoErr(err)
+	is.Equal(stats.Total.DeadLetters, int64(2)) // one per runtime
+	_, err = st.Publish(ctx(t), "op", "1", 0)
+	is.NoErr(err)
+	_, err = st.Groups(ctx(t), pgtransport.GroupQuery{Order: pgtransport.OldestHead})
+	is.NoErr(err)
+	_, err = st.Peek(ctx(t), "op", 10)
+	is.NoErr(err)
+	is.NoErr(st.PauseGroup(ctx(t), "op"))
+	is.NoErr(st.ResumeGroup(ctx(t), "op"))
+	n, err := st.PurgeGroup(ctx(t), "op", 0)
+	is.NoErr(err)
+	is.Equal(n, int64(1))
+	dead, err := st.DeadLetters(ctx(t), pgtransport.DeadLetterQuery{})
+	is.NoErr(err)
+	is.Equal(len(dead), 2)
+	redriven, err := st.Redrive(ctx(t), pgtransport.DeadLetterFilter{Seqs: []int64{dead[0].Seq}})
+	is.NoErr(err)
+	is.Equal(redriven, int64(1))
+	purged, err := st.PurgeDeadLetters(ctx(t), pgtransport.DeadLetterFilter{})
+	is.NoErr(err)
+	is.Equal(purged, int64(1))
 
 	for _, q := range []string{
 		`CREATE OR REPLACE FUNCTION harel_claim(p_now float8, p_lease float8, p_token text, p_min_priority int DEFAULT 0)

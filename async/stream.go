@@ -175,16 +175,29 @@ func (s *Stream) Err() error {
 	return s.err
 }
 
-// Ready returns a channel closed once the stream's notifications are live
-// (always closed with Config.DisableNotify). Tests wait on it.
+// Ready returns a channel closed once the stream's notifications are live,
+// and replaced by an open one while the listener reconnects. With
+// Config.DisableNotify it is closed at once: there is nothing to wait for.
+// Behind a transaction pooler with no Config.ListenDSN it is never closed:
+// no notification can arrive, and the stream finds work every IdleSweep
+// (PollOnly says so). Tests wait on it.
 func (s *Stream) Ready() <-chan struct{} {
-	if s.sub == nil {
-		c := make(chan struct{})
-		close(c)
-		return c
+	switch {
+	case s.sub != nil:
+		return s.sub.Ready()
+	case s.t.pollOnly:
+		return make(chan struct{})
 	}
-	return s.sub.Ready()
+	c := make(chan struct{})
+	close(c)
+	return c
 }
+
+// PollOnly reports whether the stream learns of work other processes
+// publish only by looking for it every Config.IdleSweep: with
+// Config.DisableNotify, and behind a transaction pooler (Config.Pooling)
+// with no Config.ListenDSN.
+func (s *Stream) PollOnly() bool { return s.sub == nil }
 
 // Close stops the stream and waits for it: acks already asked for are
 // done, leases waiting in C are given back, and C is closed. Safe to call
@@ -313,16 +326,24 @@ func (s *Stream) run(ctx, parent context.Context) {
 			}
 		}
 		// Nothing to send now. With nothing in flight the stream sleeps
-		// until a deadline or a wake-up; else it waits for a round-trip.
+		// until a deadline or a wake-up; else it waits for a round-trip,
+		// and meanwhile still gives back the leases in C that are due
+		// back (a round-trip may hang for up to roundTripTimeout against a
+		// server that stopped answering: leases must not outlive their
+		// visibility in C meanwhile).
 		var (
 			sleep            *time.Timer
 			timeout          <-chan time.Time
 			notified, wakeup <-chan struct{}
 		)
-		if flying == 0 {
+		switch {
+		case flying == 0:
 			sleep = time.NewTimer(w.sleepFor(s.untilDeadline(), time.Now()))
 			timeout = sleep.C
 			notified, wakeup = w.wakeups(subC)
+		case len(s.out) > 0:
+			sleep = time.NewTimer(s.untilGiveBack())
+			timeout = sleep.C
 		}
 		select {
 		case t := <-trips:
@@ -337,7 +358,7 @@ func (s *Stream) run(ctx, parent context.Context) {
 			w.woken()
 		case <-timeout:
 			s.giveBackStale(ctx)
-			if w.phase == dry {
+			if flying == 0 && w.phase == dry {
 				w.woken() // IdleSweep or the earliest expiry: look again
 			}
 		case <-ctx.Done():
@@ -448,6 +469,17 @@ func (s *Stream) untilDeadline() time.Duration {
 		next = minTime(next, probe)
 	}
 	return max(next.Sub(now), 0)
+}
+
+// untilGiveBack is how long until a lease waiting in C is due back, at
+// least a millisecond: while a round-trip is in flight the loop wakes for
+// nothing else (a lapsed lease that was received is dropped by the next
+// take, not here).
+func (s *Stream) untilGiveBack() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	return max(s.ledger.nextGiveBack(now).Sub(now), time.Millisecond)
 }
 
 // exchange settles acks and claims up to limit leases (kept ones count),
@@ -636,7 +668,14 @@ func (s *Stream) giveBackStale(ctx context.Context) {
 		s.t.core.Logger().Info("pgtransport: stream: gave back leases that waited unreceived for half their visibility; its receivers are not keeping up (claims are held back a while)",
 			slog.String("worker", s.cfg.WorkerID), slog.Int("leases", len(stale)))
 	}
-	s.giveBack(ctx, stale)
+	// Out of the ledger now, and back to the database from a goroutine of
+	// the Transport's (Close waits for it): against a server that stopped
+	// answering a give-back waits up to its timeout, and the loop must go
+	// on giving back the leases in C that come due meanwhile.
+	s.forget(stale)
+	if len(stale) > 0 && !s.t.spawn(func() { s.giveBackNow(ctx, stale) }) {
+		s.giveBackNow(ctx, stale) // the Transport is closing: give them back here
+	}
 	s.mu.Lock()
 	s.ledger.received(now) // past due and not in C: received, so not given back
 	if len(stale) > 0 {    // receivers are not keeping up: claim less (gate)
@@ -663,6 +702,22 @@ func (s *Stream) drain() []*pgtransport.Lease {
 // counted as an attempt, and each give-back wakes a parked caller here
 // (as core.Release does). It runs even when ctx has ended.
 func (s *Stream) giveBack(ctx context.Context, leases []*pgtransport.Lease) {
+	s.forget(leases)
+	s.giveBackNow(ctx, leases)
+}
+
+// forget drops leases from the ledger: the stream no longer tracks them.
+func (s *Stream) forget(leases []*pgtransport.Lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range leases {
+		s.ledger.drop(keyOf(l))
+	}
+}
+
+// giveBackNow gives leases the ledger no longer tracks back to the
+// database (core.Release), within 5 s.
+func (s *Stream) giveBackNow(ctx context.Context, leases []*pgtransport.Lease) {
 	if len(leases) == 0 {
 		return
 	}
@@ -671,9 +726,6 @@ func (s *Stream) giveBack(ctx context.Context, leases []*pgtransport.Lease) {
 	var failed int
 	var last error
 	for _, l := range leases {
-		s.mu.Lock()
-		s.ledger.drop(keyOf(l))
-		s.mu.Unlock()
 		if err := s.t.core.Release(ctx, l); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 			failed, last = failed+1, err
 			s.report(err) // it comes back after its visibility instead

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	stdsync "sync"
 	"time"
 
@@ -35,9 +36,10 @@ type Transport struct {
 	hard   context.Context // ends closeGrace later: round-trips still out are cut off
 	abort  context.CancelFunc
 
-	listener *notify.Listener // nil with Config.DisableNotify
+	listener *notify.Listener // nil with Config.DisableNotify, and when pollOnly
 	release  func()           // gives the shared listener back
 	channel  string           // this schema's NOTIFY channel
+	pollOnly bool             // a transaction pooler and no ListenDSN: no notifications can arrive
 
 	mu      stdsync.Mutex
 	closed  bool
@@ -49,7 +51,13 @@ type Transport struct {
 // New returns a Transport on pool. Unless cfg.SkipApply, it first brings the
 // schema up to date. Unless cfg.DisableNotify, its streams share one LISTEN
 // connection per pool (taken out of the pool) with every other Transport on
-// the same pool.
+// the same pool; with cfg.ListenDSN, one per process and ListenDSN instead.
+//
+// Behind a transaction pooler (cfg.Pooling; detected on open unless it says)
+// it refuses a query exec mode that keeps session state
+// (pgtransport.ErrPoolerExecMode), and never listens on the pool, through
+// which no notification arrives: without cfg.ListenDSN its streams find
+// work every cfg.IdleSweep (Stream.PollOnly; logged once, at Warn).
 func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", pgtransport.ErrInvalidConfig)
@@ -58,12 +66,25 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 	if err != nil {
 		return nil, err
 	}
+	pooled := c.Pooled()
 	t := &Transport{core: c, pool: pool, cfg: c.Config(), parking: c.Parking()}
 	if !t.cfg.DisableNotify {
-		if t.channel, err = c.Channel(ctx); err != nil {
-			return nil, err
+		switch {
+		case t.cfg.ListenDSN != "":
+			t.listener, t.release = notify.SharedDSN(t.cfg.ListenDSN, cfg.Logger)
+		case pooled:
+			t.pollOnly = true
+			c.Logger().Warn("pgtransport: the pool goes through a transaction pooler, through which LISTEN delivers nothing: notifications are off, and idle streams look for work every IdleSweep; set Config.ListenDSN to a connection string straight to PostgreSQL to wake them at once",
+				slog.Duration("idle_sweep", t.cfg.IdleSweep))
+		default:
+			t.listener, t.release = notify.Shared(pool, cfg.Logger)
 		}
-		t.listener, t.release = notify.Shared(pool, cfg.Logger)
+		if t.listener != nil {
+			if t.channel, err = c.Channel(ctx); err != nil {
+				t.release()
+				return nil, err
+			}
+		}
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.hard, t.abort = context.WithCancel(context.Background())

@@ -52,7 +52,7 @@ func main() {
 	var (
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, hotgroup, publish, jobs, claimcost, latency, poison, dedup)")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
@@ -161,9 +161,10 @@ func (r *runner) all(ctx context.Context) error {
 		{"latency", r.latency},
 		{"poison", r.poison},
 		{"dedup", r.dedup},
+		{"stats", r.stats},
 	}
 	for _, s := range suites {
-		if !r.filter.MatchString(s.name) {
+		if !r.filter.MatchString(s.name) || optIn[s.name] && r.filter.String() == "" {
 			continue
 		}
 		if err := s.run(ctx); err != nil {

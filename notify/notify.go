@@ -9,6 +9,11 @@
 //
 // The connection is the Listener's alone: FromPool takes one out of a pool
 // (pgxpool's Hijack), so it never goes back to the pool while listening.
+// Through a transaction pooler (PgBouncer's pool_mode=transaction) LISTEN
+// never delivers: the pooler hands the server connection to other clients
+// once the LISTEN's transaction ends. Connect straight to PostgreSQL then
+// (FromDSN, SharedDSN), and wrap the Connect in Direct to refuse a
+// connection that goes through a pooler after all.
 package notify
 
 import (
@@ -27,6 +32,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/outage"
+	"github.com/pgtransport/pgtransport/internal/pooler"
 )
 
 // ErrClosed is returned by Subscribe after Close.
@@ -63,6 +69,36 @@ func FromPool(pool *pgxpool.Pool) func(ctx context.Context) (*pgx.Conn, error) {
 // FromDSN connects with pgx.Connect(ctx, dsn).
 func FromDSN(dsn string) func(ctx context.Context) (*pgx.Conn, error) {
 	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, dsn) }
+}
+
+// ErrPooled is the error of a Direct connect that reached PostgreSQL
+// through a pooler, through which a transaction-mode pooler delivers no
+// notification.
+var ErrPooled = errors.New("notify: the connection goes through a pooler (LISTEN needs one straight to PostgreSQL)")
+
+// Direct wraps connect so that a connection that goes through a pooler is
+// closed and refused with ErrPooled: one whose pg_backend_pid() differs
+// from the process id the server reported when it connected (PgBouncer,
+// in every pool mode, reports one of its own making; see
+// pgtransport.PoolingDetect).
+func Direct(connect func(ctx context.Context) (*pgx.Conn, error)) func(ctx context.Context) (*pgx.Conn, error) {
+	return func(ctx context.Context) (*pgx.Conn, error) {
+		conn, err := connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		through, err := pooler.Through(ctx, conn)
+		if err == nil && through {
+			err = ErrPooled
+		}
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = conn.Close(cctx)
+			return nil, err
+		}
+		return conn, nil
+	}
 }
 
 // Listener is one LISTEN connection shared by its subscribers. Its methods

@@ -17,7 +17,7 @@ import (
 // statements (see functions.sql's header): LANGUAGE sql, one expression, no
 // setting. A function belongs here only if TestGuardInlined shows it
 // inlined; every other function pins the four settings.
-var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed"}
+var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed", "harel_group_state"}
 
 // lockOnly are the trigger functions that pin search_path alone (see
 // harel_hold_group in functions.sql): they run once per row, read no table

@@ -33,6 +33,15 @@ func (c *Core) AckClaim(ctx context.Context, l *pgtransport.Lease, workerID stri
 	}
 	t0 := c.timer()
 	token := NewToken(workerID)
+	db, done, err := c.conn(ctx)
+	if err != nil {
+		err = mapErr("ack", err)
+		if c.Observing() {
+			c.observeAcked(t0, 1, err)
+		}
+		return nil, nil, err
+	}
+	defer done()
 	sent := time.Now()
 	var (
 		held, kept bool
@@ -42,7 +51,7 @@ func (c *Core) AckClaim(ctx context.Context, l *pgtransport.Lease, workerID stri
 		attempt    *int
 		age        *float64
 	)
-	err = c.db.QueryRow(ctx, c.q.ackClaim, c.now(), l.Group, l.Seq, l.Token, c.mayKeep(l), visibility.Seconds(), token, minPriority).
+	err = db.QueryRow(ctx, c.q.ackClaim, c.now(), l.Group, l.Seq, l.Token, c.mayKeep(l), visibility.Seconds(), token, minPriority).
 		Scan(&held, &kept, &group, &seq, &event, &attempt, &age)
 	if err != nil {
 		err = mapErr("ack", err)
@@ -67,13 +76,11 @@ func (c *Core) AckClaim(ctx context.Context, l *pgtransport.Lease, workerID stri
 	}
 	if c.Observing() {
 		c.observeAcked(t0, 1, ackErr)
-		if !kept {
-			n := 0
-			if next != nil {
-				n = 1
-			}
-			c.observeClaimed(t0, n, nil)
+		n := 0 // a kept lease is a hand-out too: its group's next message
+		if next != nil {
+			n = 1
 		}
+		c.observeClaimed(t0, n, nil)
 	}
 	if !kept {
 		c.parking.Wake(wakesSettle(ackErr)) // it freed a group (its own claim took one: wake others)

@@ -182,7 +182,7 @@ func (c *Core) settle(ctx context.Context, leases []*pgtransport.Lease, keep boo
 func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	t0 := c.timer()
 	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
-	c.observeExchange(t0, len(acks), limit, claimed, err)
+	c.observeExchange(t0, len(acks), limit, settled, claimed, err)
 	c.reportLost(settled)
 	return settled, claimed, err
 }
@@ -194,7 +194,7 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 func (c *Core) ExchangeLostUnreported(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	t0 := c.timer()
 	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
-	c.observeExchange(t0, len(acks), limit, claimed, err)
+	c.observeExchange(t0, len(acks), limit, settled, claimed, err)
 	return settled, claimed, err
 }
 
@@ -225,8 +225,13 @@ func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 	if limit > 0 {
 		token = NewToken(workerID)
 	}
+	db, done, err := c.conn(ctx)
+	if err != nil {
+		return nil, nil, mapErr("exchange", err)
+	}
+	defer done()
 	sent := time.Now()
-	rows, err := c.db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps)
+	rows, err := db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps)
 	if err != nil {
 		return nil, nil, mapErr("exchange", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
 	"github.com/pgtransport/pgtransport"
@@ -38,11 +39,15 @@ type Core struct {
 	q        statements
 	cfg      pgtransport.Config
 	parking  Parking // this core's idle callers; see wake.go for who wakes them
+	pooled   bool    // db goes through a transaction pooler (CheckPooling)
 }
 
-// New checks cfg, fills its defaults, unless cfg.SkipApply applies the
-// schema, and writes the queue policy fields cfg sets (see writePolicy),
-// SkipApply or not.
+// New checks cfg, fills its defaults, checks db's query exec mode against
+// cfg.Pooling (CheckPooling: pgtransport.ErrPoolerExecMode behind a
+// transaction pooler; skipped with cfg.SkipApply when the server cannot
+// be reached), unless cfg.SkipApply applies the schema, and
+// writes the queue policy fields cfg sets (see writePolicy), SkipApply or
+// not.
 func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	cfg, err := Defaults(cfg)
 	if err != nil {
@@ -51,6 +56,12 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	if isNil(db) {
 		return nil, fmt.Errorf("%w: nil database handle", pgtransport.ErrInvalidConfig)
 	}
+	pooled, err := CheckPooling(ctx, db, cfg)
+	if err != nil && (!cfg.SkipApply || errors.Is(err, pgtransport.ErrPoolerExecMode) || errors.Is(err, pgtransport.ErrInvalidConfig)) {
+		return nil, err
+	}
+	// With SkipApply a transport opens with no server to reach, as it
+	// always could; the pooler check then has no answer, and is skipped.
 	if !cfg.SkipApply {
 		if err := schema.Apply(ctx, db, cfg.Schema); err != nil {
 			return nil, mapErr("apply schema", err)
@@ -63,8 +74,30 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	if _, inTx := db.(pgx.Tx); inTx {
 		q.claim = q.claimInTx // a caller's transaction keeps its own commit mode
 	}
-	return &Core{db: db, clock: cfg.Clock, maxEvent: cfg.MaxEventBytes, q: q, cfg: cfg}, nil
+	return &Core{db: db, clock: cfg.Clock, maxEvent: cfg.MaxEventBytes, q: q, cfg: cfg, pooled: pooled}, nil
 }
+
+// conn returns what a claim sends its statement on, so that its lease's
+// local Expiry counts from when the statement left (localExpiry): from a
+// pool, a connection acquired now (done releases it), since waiting for
+// one (a pool at its size, a connect to a host that hangs until its
+// connect_timeout) may take longer than the visibility; otherwise c.db.
+func (c *Core) conn(ctx context.Context) (DBTX, func(), error) {
+	p, ok := c.db.(*pgxpool.Pool)
+	if !ok {
+		return c.db, func() {}, nil
+	}
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, conn.Release, nil
+}
+
+// Pooled reports whether the database handle goes through a transaction
+// pooler (CheckPooling, at New): nothing may rely on session state, and
+// no notification arrives through it.
+func (c *Core) Pooled() bool { return c.pooled }
 
 // Defaults validates cfg and fills in the defaults its zero fields stand for.
 func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
@@ -194,9 +227,14 @@ func (c *Core) claim(ctx context.Context, workerID string, visibility time.Durat
 	}
 	token := NewToken(workerID)
 	l := pgtransport.Lease{Token: token}
+	db, done, err := c.conn(ctx)
+	if err != nil {
+		return nil, mapErr("claim", err)
+	}
+	defer done()
 	sent := time.Now()
 	var age *float64
-	err := c.db.QueryRow(ctx, c.q.claim, c.now(), visibility.Seconds(), token, minPriority).
+	err = db.QueryRow(ctx, c.q.claim, c.now(), visibility.Seconds(), token, minPriority).
 		Scan(&l.Group, &l.Seq, &l.Event, &l.Attempt, &age)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -476,6 +514,7 @@ var refusals = map[string]error{
 	"PT004": pgtransport.ErrInvalidDelay,      // a NULL or negative nack delay
 	"PT005": pgtransport.ErrClockSkew,         // now too far from the server's clock
 	"PT006": pgtransport.ErrInvalidDedupKey,   // a dedup key that is empty or longer than MaxDedupKeyBytes
+	"PT007": pgtransport.ErrUnknownGroup,      // an operator's call on a group with no row (harel_group, harel_pause_group, ...)
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

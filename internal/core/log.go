@@ -86,15 +86,22 @@ func reportAcked(o pgtransport.Observer, t0 time.Time, n int, err error) {
 
 // observeExchange reports an Exchange of acks acks and a claim of up to
 // limit to the observer: an ack and a claim (each only if the exchange
-// made one, both with the round-trip's duration). Its lost leases are
-// reportLost's.
-func (c *Core) observeExchange(t0 time.Time, acks, limit int, claimed []*pgtransport.Lease, err error) {
+// made one, both with the round-trip's duration). The claim counts the
+// leases kept too (each hands out its group's next message). Its lost
+// leases are reportLost's.
+func (c *Core) observeExchange(t0 time.Time, acks, limit int, settled []Settled, claimed []*pgtransport.Lease, err error) {
 	if c.cfg.Observer != nil {
 		if acks > 0 {
 			c.observeAcked(t0, acks, err)
 		}
-		if limit > 0 {
-			c.observeClaimed(t0, len(claimed), err)
+		kept := 0
+		for _, s := range settled {
+			if s.Next != nil {
+				kept++
+			}
+		}
+		if limit > 0 || kept > 0 {
+			c.observeClaimed(t0, kept+len(claimed), err)
 		}
 	}
 }

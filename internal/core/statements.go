@@ -98,6 +98,24 @@ const (
 	purgeSQL        = `SELECT {s}harel_purge_dead_letters($1::text, $2::bigint[])`
 	restartGroupSQL = `SELECT {s}harel_restart_group($1::text, $2::bool)`
 
+	// The operator's calls (schema version 11): reads of the queue and the
+	// pause, resume and purge of one group. The ones that take now take it
+	// as the claims do ($1), so a state ("leased", "parked") is judged by
+	// the claims' clock.
+	statsSQL = `SELECT s.priority, s.groups, s.free, s.leased, s.parked, s.stopped, s.paused,
+       s.messages, s.messages_exact, s.oldest_head_age, s.oldest_head_exact,
+       s.dead_letters, s.dead_letters_exact, s.waiters, s.at, s.groups_exact
+  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_stats(t.now) AS s`
+	groupsSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts
+  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
+       LATERAL {s}harel_groups(t.now, $2::text, $3::text, $4::int, $5::int) AS g`
+	groupSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts
+  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_group(t.now, $2::text) AS g`
+	peekSQL        = `SELECT p.seq, p.event, p.published_at, p.last_error FROM {s}harel_peek($1::text, NULL::bigint, $2::int) AS p`
+	pauseGroupSQL  = `SELECT {s}harel_pause_group($1::text)`
+	resumeGroupSQL = `SELECT {s}harel_resume_group($1::text)`
+	purgeGroupSQL  = `SELECT {s}harel_purge_group($2::text, ` + nowExpr + `, $3::int){kfrom}`
+
 	// The queue's policy: a plain read and an UPDATE of the fields given
 	// (NULL keeps the stored value).
 	policyGetSQL = `SELECT max_attempts, on_exhausted, backoff_min, backoff_max FROM {s}transport_policy`
@@ -118,6 +136,8 @@ type statements struct {
 	pending                              string
 	deadLetters, redrive, purge, restart string
 	policyGet, policySet                 string
+	stats, groups, group, peek           string
+	pause, resume, purgeGroup            string
 }
 
 func newStatements(schema string, clock bool) statements {
@@ -157,5 +177,13 @@ func newStatements(schema string, clock bool) statements {
 		restart:     bind(restartGroupSQL),
 		policyGet:   bind(policyGetSQL),
 		policySet:   bind(policySetSQL),
+
+		stats:      bind(statsSQL),
+		groups:     bind(groupsSQL),
+		group:      bind(groupSQL),
+		peek:       bind(peekSQL),
+		pause:      bind(pauseGroupSQL),
+		resume:     bind(resumeGroupSQL),
+		purgeGroup: bind(purgeGroupSQL),
 	}
 }

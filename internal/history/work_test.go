@@ -24,7 +24,7 @@ import (
 // claiming, settling and heartbeats: blocking runtimes (six of one slot,
 // one of six slots) and an async one (eight slots on one stream), while
 // the killer terminates their connections and the handlers panic, fail,
-// run for twice the visibility (kept alive by the heartbeats, so never
+// run for 1.5 times the visibility (kept alive by the heartbeats, so never
 // handed out again meanwhile), ignore their ctx, and poison messages
 // (about 3%) fail or panic on every attempt. Halfway through every
 // runtime is shut down (ctx ends; a short ShutdownTimeout cancels the slow
@@ -234,10 +234,10 @@ func (r *rig) handleWork(ctx context.Context, worker string, workStart time.Time
 	case p < 6:
 		runs.errs.Add(1)
 		return errors.New("a transient failure")
-	case p < 8: // past the visibility, minding ctx: the heartbeats keep the lease
+	case p < 9: // past the visibility, minding ctx: the heartbeats keep the lease
 		runs.slow.Add(1)
 		w.slow = true
-		t := time.NewTimer(2 * vis)
+		t := time.NewTimer(vis * 3 / 2)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -245,7 +245,7 @@ func (r *rig) handleWork(ctx context.Context, worker string, workStart time.Time
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	case p < 9: // ignores ctx: a shutdown waits for it, a lost lease ignores its result
+	case p < 10: // ignores ctx: a shutdown waits for it, a lost lease ignores its result
 		runs.ignore.Add(1)
 		time.Sleep(vis * 3 / 2) // kept: the fault is a handler deaf to its ctx
 	}

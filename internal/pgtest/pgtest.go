@@ -50,8 +50,10 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// Shutdown closes the shared pool and stops the throwaway cluster, if any.
+// Shutdown stops the test PgBouncer, closes the shared pool and stops the
+// throwaway cluster, if any.
 func Shutdown() {
+	stopBouncer()
 	mu.Lock()
 	defer mu.Unlock()
 	if admin != nil {

@@ -241,6 +241,11 @@ func (r *runtime) slot(exited chan<- struct{}) {
 			r.release(l)
 			return
 		}
+		if !l.Expiry.IsZero() && !time.Now().Before(l.Expiry) {
+			r.expired(l)
+			l = nil
+			continue
+		}
 		var p <-chan error
 		l, p = r.handle(l)
 		if p != nil {
@@ -397,6 +402,17 @@ func (r *runtime) release(l *pgtransport.Lease) {
 	if err := r.feed.Release(ctx, l); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 		r.log.Warn("pgtransport: give-back failed; the lease will lapse", "group", l.Group, "seq", l.Seq, "err", err)
 	}
+}
+
+// expired gives back a lease that ran out before its handler could start
+// (a feed held it past its visibility: a stream whose round-trip hung,
+// say): its group may be another worker's by now, and a handler run on it
+// would see its message out of order, beside the new holder's. The give
+// back is fenced, so it frees the group only if the lease still holds it.
+func (r *runtime) expired(l *pgtransport.Lease) {
+	r.log.Warn("pgtransport: lease ran out before its handler started; given back, not handled",
+		"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "attempt", l.Attempt, "late", time.Since(l.Expiry))
+	r.release(l)
 }
 
 // lapsed is w's lapse timer: its lease ran out with no heartbeat having

@@ -253,6 +253,31 @@ func TestUnstartedReleased(t *testing.T) {
 	is.Equal(released, 1) // given back
 }
 
+// TestExpiredNotHandled: a lease the feed hands out after its expiry (a
+// stream that held it in its buffer while a round-trip hung) is given back
+// unhandled: its group may already be another worker's, and its handler
+// would run out of order. The next, live one is handled.
+func TestExpiredNotHandled(t *testing.T) {
+	is := is.New(t)
+	f, log := newFake(), &logs{}
+	stale, live := lease("g", -time.Millisecond), lease("g", time.Minute)
+	live.Seq = 2
+	f.next <- stale
+	f.next <- live
+	handled := make(chan int64, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := start(ctx, config(t, log, pgtransport.WorkerConfig{Concurrency: 1}), f,
+		func(_ context.Context, l *pgtransport.Lease) error { handled <- l.Seq; return nil })
+	is.Equal(within(t, handled, 5*time.Second, "the live lease's handler"), int64(2)) // the expired one skipped
+	cancel()
+	is.NoErr(within(t, res, 5*time.Second, "Run"))
+	acked, _, released, _ := f.counts()
+	is.Equal(released, 1)                                  // the expired lease given back
+	is.Equal(acked, 1)                                     // the live one acked
+	is.True(log.has("ran out before its handler started")) // and logged
+}
+
 // lateFeed's Next waits for stop to end, then hands out l anyway.
 type lateFeed struct {
 	*fake

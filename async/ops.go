@@ -1,0 +1,72 @@
+package async
+
+import (
+	"context"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+// The operator's calls, each the twin of sync.Transport's: one
+// round-trip, its result delivered on a buffered channel.
+
+// Stats delivers the queue at a glance; as sync.Transport.Stats.
+func (t *Transport) Stats(ctx context.Context) <-chan Result[pgtransport.Stats] {
+	return call(t, ctx, func(ctx context.Context) (pgtransport.Stats, error) {
+		return t.core.Stats(ctx)
+	})
+}
+
+// Groups delivers a page of the queue's groups; as sync.Transport.Groups
+// (ErrInvalidQuery, ErrInvalidBatch with no round-trip).
+func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan Result[[]pgtransport.GroupInfo] {
+	return call(t, ctx, func(ctx context.Context) ([]pgtransport.GroupInfo, error) {
+		return t.core.Groups(ctx, q)
+	})
+}
+
+// Group delivers one group; ErrUnknownGroup if it has no row. As
+// sync.Transport.Group.
+func (t *Transport) Group(ctx context.Context, group string) <-chan Result[pgtransport.GroupInfo] {
+	return call(t, ctx, func(ctx context.Context) (pgtransport.GroupInfo, error) {
+		return t.core.Group(ctx, group)
+	})
+}
+
+// Peek delivers the group's next n messages without leasing them; as
+// sync.Transport.Peek.
+func (t *Transport) Peek(ctx context.Context, group string, n int) <-chan Result[[]pgtransport.PeekedMessage] {
+	return call(t, ctx, func(ctx context.Context) ([]pgtransport.PeekedMessage, error) {
+		return t.core.Peek(ctx, group, n)
+	})
+}
+
+// PauseGroup pauses group: no claim or stream hands it out until
+// ResumeGroup. As sync.Transport.PauseGroup.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) PauseGroup(ctx context.Context, group string) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		return t.core.PauseGroup(ctx, group)
+	})
+}
+
+// ResumeGroup puts a paused group back into the round-robin and wakes
+// idle consumers; as sync.Transport.ResumeGroup.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) ResumeGroup(ctx context.Context, group string) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		return t.core.ResumeGroup(ctx, group)
+	})
+}
+
+// PurgeGroup deletes up to limit (0: all) of group's oldest messages,
+// fencing off its holder, and delivers how many; as
+// sync.Transport.PurgeGroup.
+//
+// A lost reply: ErrOutcomeUnknown, as there.
+func (t *Transport) PurgeGroup(ctx context.Context, group string, limit int) <-chan Result[int64] {
+	return call(t, ctx, func(ctx context.Context) (int64, error) {
+		return t.core.PurgeGroup(ctx, group, limit)
+	})
+}

@@ -1,0 +1,88 @@
+package async_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+)
+
+// The operator's calls of the blocking contract (contract.Operator), by
+// waiting on each call's channel.
+
+func (b blocking) Stats(ctx context.Context) (pgtransport.Stats, error) {
+	r := <-b.t.Stats(ctx)
+	return r.Value, r.Err
+}
+
+func (b blocking) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error) {
+	r := <-b.t.Groups(ctx, q)
+	return r.Value, r.Err
+}
+
+func (b blocking) Group(ctx context.Context, group string) (pgtransport.GroupInfo, error) {
+	r := <-b.t.Group(ctx, group)
+	return r.Value, r.Err
+}
+
+func (b blocking) Peek(ctx context.Context, group string, n int) ([]pgtransport.PeekedMessage, error) {
+	r := <-b.t.Peek(ctx, group, n)
+	return r.Value, r.Err
+}
+
+func (b blocking) PauseGroup(ctx context.Context, group string) error {
+	return <-b.t.PauseGroup(ctx, group)
+}
+
+func (b blocking) ResumeGroup(ctx context.Context, group string) error {
+	return <-b.t.ResumeGroup(ctx, group)
+}
+
+func (b blocking) PurgeGroup(ctx context.Context, group string, limit int) (int64, error) {
+	r := <-b.t.PurgeGroup(ctx, group, limit)
+	return r.Value, r.Err
+}
+
+func (b blocking) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error {
+	return b.t.Work(ctx, cfg, h)
+}
+
+// TestStreamSkipsPausedGroup: a stream never receives a paused group's
+// messages, and a resume from another process's transport (here the
+// blocking one beside it) reaches the idle stream by notification (the
+// fallback sweep is a minute away), its messages in order.
+func TestStreamSkipsPausedGroup(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, st, _ := setup(t, pgtransport.Config{IdleSweep: time.Minute})
+	for _, ev := range []string{"g-0", "g-1", "g-2"} {
+		_, err := st.Publish(ctx(t), "g", ev, 0)
+		is.NoErr(err)
+	}
+	is.NoErr(st.PauseGroup(ctx(t), "g"))
+	_, err := st.Publish(ctx(t), "x", "x-0", 0)
+	is.NoErr(err)
+	s := stream(t, tr, async.StreamConfig{MaxInFlight: 4})
+	l := receive(t, s, 10*time.Second)
+	is.Equal(l.Event, "x-0") // the other group flows
+	is.NoErr(<-tr.Ack(ctx(t), l))
+	select {
+	case l := <-s.C():
+		t.Fatalf("a paused group's message was streamed: %+v", l)
+	case <-time.After(500 * time.Millisecond): // absence has no signal to wait on
+	}
+	eventually(t, 10*time.Second, "an idle stream counted in Stats.Waiting", func() bool {
+		s, err := st.Stats(ctx(t))
+		return err == nil && s.Waiting == 1
+	})
+	is.NoErr(st.ResumeGroup(ctx(t), "g"))
+	for _, want := range []string{"g-0", "g-1", "g-2"} {
+		l := receive(t, s, 10*time.Second) // woken well before the sweep
+		is.Equal(l.Event, want)            // in order
+		is.NoErr(<-tr.Ack(ctx(t), l))
+	}
+}

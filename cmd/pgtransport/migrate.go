@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+func (a *app) migrateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Print, apply or check the schema; print the grants for a role",
+		Long: `migrate handles the queue's schema: the tables and server-side functions.
+
+  migrate sql          print the whole SQL script, for your own migration tool
+  migrate apply        create or upgrade the schema (idempotent, one transaction)
+  migrate version      print the version recorded in the database and this command's
+  migrate grants ROLE  print the GRANT statements that let ROLE work the queue`,
+		Args: a.exactArgs(),
+		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.migrateSQLCmd(), a.migrateApplyCmd(), a.migrateVersionCmd(), a.migrateGrantsCmd())
+	return cmd
+}
+
+func (a *app) migrateSQLCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "sql",
+		Short: "Print the schema's SQL script",
+		Long: `sql prints the complete SQL script (every step and function) to stdout; it
+connects to nothing. Loaded with psql it creates or upgrades the schema in one
+transaction. With --schema the script starts by creating that schema and
+pointing search_path at it (for the rest of the psql session).`,
+		Example: `  pgtransport migrate sql > pgtransport.sql
+  pgtransport migrate sql --schema jobs | psql "$DATABASE_URL"`,
+		Args: a.exactArgs(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			w := cmd.OutOrStdout()
+			if a.schema != "" {
+				ident := pgx.Identifier{a.schema}.Sanitize()
+				fmt.Fprintf(w, "CREATE SCHEMA IF NOT EXISTS %s;\nSET search_path TO %s;\n", ident, ident)
+			}
+			_, err := fmt.Fprint(w, schema.SQL())
+			return err
+		},
+	}
+}
+
+func (a *app) migrateApplyCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "apply",
+		Short: "Create or upgrade the schema",
+		Long: `apply brings the schema up to this command's version: the steps the database
+lacks, then every function, in one transaction under an advisory lock (safe
+while workers run or start). On an up-to-date schema it changes nothing.
+--schema is created if absent.`,
+		Args: a.exactArgs(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			before, err := a.recordedVersion(ctx)
+			if err != nil {
+				return err
+			}
+			if err := schema.Apply(ctx, pool, a.schema); err != nil {
+				return err
+			}
+			after, err := a.recordedVersion(ctx)
+			if err != nil {
+				return err
+			}
+			if before == after {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s is up to date at version %d\n", a.schemaLabel(), after)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s upgraded from version %d to %d\n", a.schemaLabel(), before, after)
+			return nil
+		},
+	}
+}
+
+func (a *app) migrateVersionCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the schema version recorded in the database and this command's",
+		Long: `version prints the schema version recorded in the database (0: not applied)
+and the version this command applies. Exit 0 whatever they are: compare them
+in a script with --json.`,
+		Args: a.exactArgs(),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if _, err := a.connect(ctx); err != nil {
+				return err
+			}
+			v, err := a.recordedVersion(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), struct {
+					Schema   string `json:"schema"`
+					Recorded int    `json:"recorded"`
+					Library  int    `json:"library"`
+				}{a.schema, v, schema.Version()})
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "recorded: %d\nlibrary:  %d\n", v, schema.Version())
+			switch {
+			case v == 0:
+				fmt.Fprintf(w, "%s has no pgtransport schema: pgtransport migrate apply creates it\n", a.schemaLabel())
+			case v < schema.Version():
+				fmt.Fprintf(w, "%s is behind: pgtransport migrate apply upgrades it\n", a.schemaLabel())
+			case v > schema.Version():
+				fmt.Fprintf(w, "%s is newer than this command: upgrade the command\n", a.schemaLabel())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {schema, recorded, library}")
+	return cmd
+}
+
+func (a *app) migrateGrantsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "grants ROLE",
+		Short: "Print the GRANT statements that let ROLE work the queue",
+		Long: `grants prints the statements that let ROLE publish, claim, ack and handle
+dead letters in the queue's schema, and nothing more (see schema.Grants). It
+connects to nothing. ROLE is used verbatim as a quoted identifier, so case,
+quotes and punctuation are kept and cannot break out of the statement; an
+empty name, or one that is not valid UTF-8 or holds a NUL byte, is refused.`,
+		Example: `  pgtransport migrate grants worker --schema jobs | psql "$DATABASE_URL"`,
+		Args:    a.exactArgs("ROLE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sql, err := schema.Grants(a.schema, args[0])
+			if err != nil {
+				if errors.Is(err, pgtransport.ErrInvalidConfig) {
+					return usageErrorf("invalid role name %q: it must be non-empty valid UTF-8 without NUL bytes", args[0])
+				}
+				return err
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), sql)
+			return err
+		},
+	}
+}
+
+// recordedVersion is the schema version recorded in a.schema, 0 when the
+// schema or its version table does not exist.
+func (a *app) recordedVersion(ctx context.Context) (int, error) {
+	v, err := schema.CurrentVersion(ctx, a.pool, a.schema)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		return 0, nil // undefined_table, invalid_schema_name: nothing applied
+	}
+	if err != nil {
+		return 0, err
+	}
+	return v, nil
+}
