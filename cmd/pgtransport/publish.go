@@ -50,7 +50,9 @@ pgtransport.Message) are optional; other fields are refused. event is the
 message's text: a JSON string is taken as its value, any other JSON value
 (an object, an array, a number) as its compact JSON text, so
 {"group":"g","event":{"type":"paid"}} publishes {"type":"paid"}. Blank lines
-are skipped.
+are skipped. A line whose (group, dedup_key) was published within the
+queue's dedup window stores nothing; it is counted among those published,
+with the first one's seq.
 
 All of stdin is read and checked before anything is published: a malformed
 line anywhere (bad JSON, a missing or unknown field, an invalid group id,

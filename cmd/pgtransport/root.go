@@ -116,7 +116,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	if errors.Is(err, pgtransport.ErrSchemaMissing) {
 		msg += "\n(apply the schema first: pgtransport migrate apply)"
 	}
-	fmt.Fprintf(e.stderr, "pgtransport: %s\n", msg)
+	fmt.Fprintf(e.stderr, "pgtransport: %s\n", strings.TrimPrefix(msg, "pgtransport: ")) // the library's errors carry the name too
 	if code == exitUsage && !a.started {
 		fmt.Fprintf(e.stderr, "Run 'pgtransport --help' for usage.\n")
 	}

@@ -85,7 +85,7 @@ address it listens on to stderr (useful with port 0).`,
 				MaxHeaderBytes:    64 << 10,
 				BaseContext:       func(net.Listener) context.Context { return ctx },
 			}
-			mode := "read-only: actions are off (--allow-actions allows pause, resume, purge, redrive)"
+			mode := "read-only: actions are off (--allow-actions allows pause, resume, purge, redrive and dead purge)"
 			if actions {
 				mode = "actions ON: pause, resume, purge, redrive and dead purge are allowed, each after a confirmation"
 			}
