@@ -223,7 +223,9 @@ func (r *rig) handleWork(ctx context.Context, worker string, workStart time.Time
 		runs.panics.Add(1)
 		panic(fmt.Sprintf("poison %s (attempt %d)", l.Event, l.Attempt))
 	}
-	p := rand.IntN(100)
+	// Every hundred runs (in the order they start) hold each fault the
+	// same number of times, however few runs a loaded machine allows.
+	p := int(runs.faults.Add(1) % 100)
 	if l.Attempt >= maxAttempts {
 		p = 99
 	}
@@ -234,7 +236,7 @@ func (r *rig) handleWork(ctx context.Context, worker string, workStart time.Time
 	case p < 6:
 		runs.errs.Add(1)
 		return errors.New("a transient failure")
-	case p < 9: // past the visibility, minding ctx: the heartbeats keep the lease
+	case p < 12: // past the visibility, minding ctx: the heartbeats keep the lease
 		runs.slow.Add(1)
 		w.slow = true
 		t := time.NewTimer(vis * 3 / 2)
@@ -245,7 +247,7 @@ func (r *rig) handleWork(ctx context.Context, worker string, workStart time.Time
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	case p < 10: // ignores ctx: a shutdown waits for it, a lost lease ignores its result
+	case p < 13: // ignores ctx: a shutdown waits for it, a lost lease ignores its result
 		runs.ignore.Add(1)
 		time.Sleep(vis * 3 / 2) // kept: the fault is a handler deaf to its ctx
 	}
@@ -420,6 +422,7 @@ type runLog struct {
 	mu                                                      stdsync.Mutex
 	all                                                     []*workRun
 	total, panics, errs, slow, ignore, cancelled, keptAlive atomic.Int64
+	faults                                                  atomic.Int64 // runs that drew a fault by turn
 }
 
 type workRun struct {
