@@ -40,25 +40,6 @@ func (t *table) row(cells ...string) {
 
 func (t *table) flush() error { return t.tw.Flush() }
 
-// age formats a duration for a table: whole seconds under a minute, then
-// two units ("3m04s", "2h05m", "3d04h"); "-" for zero or less.
-func age(d time.Duration) string {
-	if d <= 0 {
-		return "-"
-	}
-	s := int64(d.Round(time.Second) / time.Second)
-	switch {
-	case s < 60:
-		return fmt.Sprintf("%ds", s)
-	case s < 3600:
-		return fmt.Sprintf("%dm%02ds", s/60, s%60)
-	case s < 86400:
-		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
-	default:
-		return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
-	}
-}
-
 // timeOrNil is t in UTC for JSON, nil for the zero time.
 func timeOrNil(t time.Time) *time.Time {
 	if t.IsZero() {

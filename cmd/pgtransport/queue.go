@@ -91,7 +91,7 @@ bound.`,
 func writeStats(w io.Writer, s pgtransport.Stats) error {
 	t := newTable(w, "PRIORITY", "GROUPS", "FREE", "LEASED", "PARKED", "STOPPED", "PAUSED", "MESSAGES", "OLDEST HEAD", "DEAD LETTERS")
 	line := func(name string, p pgtransport.PriorityStats) {
-		oldest := age(p.OldestHeadAge)
+		oldest := show.Age(p.OldestHeadAge)
 		if !p.OldestHeadExact && oldest != "-" {
 			oldest = "~" + oldest
 		}
@@ -175,7 +175,7 @@ Page on with --offset grown by the rows seen.`,
 			t := newTable(cmd.OutOrStdout(), "GROUP", "PRIORITY", "STATE", "HOLDER", "HELD FOR", "ENDS IN", "HEAD", "HEAD AGE", "ATTEMPTS")
 			for _, g := range gs {
 				t.row(show.Clip(g.Group, 40), fmt.Sprint(g.Priority), string(g.State), show.Clip(g.Holder, 48),
-					since(now, g.LeasedAt), until(now, g.Until), seq(g.HeadSeq), age(g.HeadAge), fmt.Sprint(g.Attempts))
+					since(now, g.LeasedAt), until(now, g.Until), seq(g.HeadSeq), show.Age(g.HeadAge), fmt.Sprint(g.Attempts))
 			}
 			if err := t.flush(); err != nil {
 				return err
@@ -226,7 +226,7 @@ func (a *app) groupCmd() *cobra.Command {
 			fmt.Fprintf(w, "held for:  %s\n", since(now, g.LeasedAt))
 			fmt.Fprintf(w, "ends in:   %s\n", until(now, g.Until))
 			fmt.Fprintf(w, "head seq:  %s\n", seq(g.HeadSeq))
-			fmt.Fprintf(w, "head age:  %s\n", age(g.HeadAge))
+			fmt.Fprintf(w, "head age:  %s\n", show.Age(g.HeadAge))
 			fmt.Fprintf(w, "attempts:  %d\n", g.Attempts)
 			return nil
 		},
@@ -416,7 +416,7 @@ func since(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	return age(now.Sub(t))
+	return show.Age(now.Sub(t))
 }
 
 // until is how long until t, "-" for the zero time or one passed.
@@ -424,7 +424,7 @@ func until(now, t time.Time) string {
 	if t.IsZero() || !t.After(now) {
 		return "-"
 	}
-	return age(t.Sub(now))
+	return show.Age(t.Sub(now))
 }
 
 func seq(s int64) string {

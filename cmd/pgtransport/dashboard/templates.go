@@ -42,16 +42,16 @@ func parsePages() (map[string]pageTemplate, error) {
 }
 
 var funcs = template.FuncMap{
-	"age":   age,
-	"since": func(now, t time.Time) string { return ifZero(t, age(now.Sub(t))) },
+	"age":   show.Age,
+	"since": func(now, t time.Time) string { return ifZero(t, show.Age(now.Sub(t))) },
 	"until": func(now, t time.Time) string {
 		if t.IsZero() || !t.After(now) {
 			return "-"
 		}
-		return age(t.Sub(now))
+		return show.Age(t.Sub(now))
 	},
 	"agesec": func(secs float64, exact bool) string {
-		a := age(time.Duration(secs * float64(time.Second)))
+		a := show.Age(time.Duration(secs * float64(time.Second)))
 		if !exact && a != "-" {
 			return "~" + a
 		}
@@ -80,26 +80,6 @@ func ifZero(t time.Time, s string) string {
 		return "-"
 	}
 	return s
-}
-
-// age formats a duration as the command's tables do: whole seconds under
-// a minute, then two units ("3m04s", "2h05m", "3d04h"); "-" for zero or
-// less. dashboard.js's age is the same.
-func age(d time.Duration) string {
-	if d <= 0 {
-		return "-"
-	}
-	s := int64(d.Round(time.Second) / time.Second)
-	switch {
-	case s < 60:
-		return fmt.Sprintf("%ds", s)
-	case s < 3600:
-		return fmt.Sprintf("%dm%02ds", s/60, s%60)
-	case s < 86400:
-		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
-	default:
-		return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
-	}
 }
 
 // num formats n with thousands separators, as dashboard.js's num does.

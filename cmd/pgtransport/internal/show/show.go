@@ -4,7 +4,9 @@
 package show
 
 import (
+	"fmt"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/pgtransport/pgtransport"
@@ -64,4 +66,24 @@ func Clip(s string, max int) string {
 		n++
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// Age formats a duration for a table: whole seconds under a minute, then
+// two units ("3m04s", "2h05m", "3d04h"); "-" for zero or less. The
+// dashboard's script formats ages the same way.
+func Age(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	s := int64(d.Round(time.Second) / time.Second)
+	switch {
+	case s < 60:
+		return fmt.Sprintf("%ds", s)
+	case s < 3600:
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	case s < 86400:
+		return fmt.Sprintf("%dh%02dm", s/3600, s%3600/60)
+	default:
+		return fmt.Sprintf("%dd%02dh", s/86400, s%86400/3600)
+	}
 }

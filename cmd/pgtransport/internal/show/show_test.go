@@ -24,3 +24,12 @@ func TestPriority(t *testing.T) {
 	is.Equal(p.OldestHeadAge, 1.5)                                                    // seconds
 	is.Equal(Priority(pgtransport.PriorityStats{Priority: -1}).Priority, (*int)(nil)) // the total: null
 }
+
+func TestAge(t *testing.T) {
+	is := is.New(t)
+	is.Equal(Age(0), "-")
+	is.Equal(Age(59*time.Second), "59s")
+	is.Equal(Age(64*time.Second), "1m04s")
+	is.Equal(Age(2*time.Hour+5*time.Minute), "2h05m")
+	is.Equal(Age(76*time.Hour), "3d04h")
+}
