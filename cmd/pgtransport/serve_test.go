@@ -78,7 +78,12 @@ func TestServe(t *testing.T) {
 	is.Equal(code, 200)
 	is.True(strings.Contains(body, `<b id="depth">7</b>`)) // the depth, rendered
 	is.True(strings.Contains(body, "read-only"))
-	code, body = get("/api/overview")
+	// The JSON answers 503 until the sampler's first sample: wait for it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if code, body = get("/api/overview"); code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			break
+		}
+	}
 	is.Equal(code, 200)
 	var o struct {
 		Total struct{ Messages, Groups int64 }
