@@ -8,7 +8,7 @@ FUZZTIME ?= 10m
 # must not carry): tested, vetted and tidied with the library.
 MODULES = metrics cmd/pgtransport
 
-.PHONY: help test schema bench bench-full bench-go bench-stats failover fuzz fmt vet tidy
+.PHONY: help test schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ bench-full: ## the same, longer runs and more of them
 
 bench-stats: ## the operator's reads (Stats, Groups, Peek) at 1,000,000 groups and 10,000,000 messages, about 5 minutes
 	cd bench && $(GO) run . -only '^stats$$' -out $(abspath $(RESULTS))
+
+held-snapshot: ## the async load (64 in flight, 10,000 groups) for 7 minutes on a throwaway cluster (autovacuum on) while another session holds a snapshot for the first 5: throughput per minute, table sizes and dead rows
+	cd bench && $(GO) run . -sustained 7m -hold 5m -cluster
 
 failover: ## primary/standby failover at length: 5 runs each of sync replication, async with a lagging standby, and a hung primary; about 10 min
 	PGTRANSPORT_FAILOVER_RUNS=5 PGTRANSPORT_FAILOVER_ASYNC=1 PGTRANSPORT_FAILOVER_FROZEN=1 PGTRANSPORT_FAULT_SCALE=3 $(GO) test -run '^TestFailover' -count=1 -v -timeout 30m ./internal/history/

@@ -107,6 +107,16 @@
 // AckNext of a kept lease's earlier message is taken as the retry of the
 // AckNext that kept it and returns the same next message.
 //
+// Exactly once, for effects in the same database. AckTx and AckStateTx ack
+// inside the caller's transaction, fenced as Ack is (ErrLeaseLost before the
+// caller commits), so the caller's writes, the group's state (AckStateTx)
+// and the ack commit together or not at all; WorkTx is the runtime built on
+// them. A message's writes are then applied exactly once, a group's in
+// publish order, however a worker dies, a lease lapses or a reply is lost:
+// a COMMIT whose reply is lost acked the message if and only if the writes
+// committed. A group's state is written only that way: a stale holder never
+// overwrites it.
+//
 // Lost replies. A call whose request reached the database but whose reply
 // was lost (the connection broke after the commit, or ctx ended while it
 // ran) returns an error that errors.Is ErrOutcomeUnknown, never

@@ -73,6 +73,11 @@ const (
 	// DefaultDeadLetterLimit is a DeadLetterQuery's page size when its
 	// Limit is 0 (at most MaxBatch).
 	DefaultDeadLetterLimit = 100
+	// MaxStateSize bounds a group's state (AckStateTx, a TxHandler's
+	// result), in bytes.
+	MaxStateSize = 256 << 10
+	// MaxStateRetention bounds Config.StateRetention.
+	MaxStateRetention = 365 * 24 * time.Hour
 )
 
 // Errors, checked with errors.Is. Input errors are returned before anything
@@ -141,6 +146,9 @@ var (
 	// queue's policy is not StopGroup, its head has attempts left, or it
 	// was restarted already). Nothing changed.
 	ErrGroupNotStopped = errors.New("pgtransport: group not stopped")
+	// ErrStateTooLarge: a group state longer than MaxStateSize (AckStateTx,
+	// a TxHandler's result). Nothing was written.
+	ErrStateTooLarge = errors.New("pgtransport: state too large")
 )
 
 // Lease is one claimed message: the head of Group, held by Token until it is
@@ -255,7 +263,8 @@ type Config struct {
 	// SkipApply leaves the schema alone on open: for teams that load the
 	// script (`make schema`, schema.SQL) with their own migration tool. A
 	// queue policy the Config sets (MaxAttempts, RetryBackoffMin,
-	// RetryBackoffMax, OnExhausted) is still written on open.
+	// RetryBackoffMax, OnExhausted, StateRetention) is still written on
+	// open.
 	SkipApply bool
 
 	// Clock, if set, supplies "now" for leases, parks and acks. Nil means
@@ -324,6 +333,15 @@ type Config struct {
 	// queue's, as MaxAttempts: "" leaves the queue's setting.
 	OnExhausted Exhausted
 
+	// StateRetention is how long a group's state (AckStateTx, WorkTx) is
+	// kept after the group drains (its last message acked, its row
+	// deleted), so the group's next message finds it again. The queue's,
+	// as MaxAttempts, kept in the database (transport_policy): 0 leaves the
+	// queue's setting (a new queue keeps none: the state goes with the
+	// group row); a negative value sets it back to none; at most
+	// MaxStateRetention.
+	StateRetention time.Duration
+
 	// DedupWindow is how long a Message.DedupKey published through this
 	// transport holds off a duplicate. 0 means DefaultDedupWindow; at most
 	// MaxDedupWindow.
@@ -379,6 +397,24 @@ type Config struct {
 	// streams look for work every IdleSweep meanwhile. Ignored by the
 	// blocking transport and with DisableNotify.
 	ListenDSN string
+
+	// ListenPing is how long an async Transport's listening connection may
+	// go without a notification before it is probed: a NOTIFY on a channel
+	// of the listener's own, sent through the Transport's pool, which must
+	// come back on the listening connection within 5 s. The guarantee:
+	// streams are never reported ready (Stream.Ready) for longer than
+	// ListenPing + 5 s after their listening connection stops delivering
+	// (a hung server, a network path that drops packets but keeps the TCP
+	// connection, a listener left on the old primary while the pool has
+	// moved to the new one); the listener then reconnects, through a
+	// multi-host DSN to whichever host answers, and the streams sweep for
+	// work. Shorter finds such a connection sooner, at one tiny NOTIFY per
+	// interval while idle. 0 means 10 s (notify.DefaultPingInterval);
+	// negative turns the check off. The first Transport on a pool (or
+	// ListenDSN) sets it for the listener they share, which probes through
+	// the pool of the longest-standing Transport still open. Ignored by
+	// the blocking transport and with DisableNotify.
+	ListenPing time.Duration
 }
 
 // Pooling is what Config.Pooling says of a transport's connections.

@@ -3,6 +3,8 @@ package pgtransport
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Defaults of a WorkerConfig's zero fields.
@@ -39,6 +41,28 @@ const (
 // process's clock (its heartbeats failed), before the database could hand
 // it out.
 type Handler func(ctx context.Context, lease *Lease) error
+
+// TxHandler handles one message inside a transaction, for effects that are
+// rows in the queue's own database (WorkTx): applied exactly once. The
+// runtime begins tx, reads the group's state (nil: none) and calls the
+// handler, which writes its effects through tx and returns the group's
+// new state: nil clears it, so return state to keep it (at most
+// MaxStateSize). Returning a nil error acks the message, saves the new
+// state and commits the handler's writes in one transaction, fenced by the
+// lease: if the lease was lost meanwhile (another worker holds the group)
+// the transaction is rolled back instead and nothing of this attempt is
+// applied; the group's next holder applies the message. An error (or a
+// panic) rolls tx back and fails the attempt as a Handler's error does
+// (retries, dead letters); so does a new state over MaxStateSize
+// (ErrStateTooLarge) or a transaction the handler left unusable.
+//
+// ctx is a Handler's: cancelled when the lease is lost, which also aborts
+// the statement tx is running, and at the end of a graceful shutdown's
+// ShutdownTimeout (an error then rolls back and gives the message back
+// uncounted). Use tx only within the call: do not commit or roll it back,
+// and do not ack, nack or fail the lease. The heartbeats keep the lease
+// while the handler runs, however long.
+type TxHandler func(ctx context.Context, tx pgx.Tx, lease *Lease, state []byte) (newState []byte, err error)
 
 // WorkerConfig configures a handler runtime (the Work method of either
 // transport). The zero value works.

@@ -23,7 +23,8 @@ import (
 // TestLeastPrivilegeRole: a role given only schema.Grants, opening its
 // transports with SkipApply (no DDL on open), can do all a worker and an
 // operator does, blocking and async: publish, claim, settle, stream, the
-// handler runtime with its heartbeats, fails and dead letters, and the
+// handler runtime with its heartbeats, fails and dead letters, the
+// transactional runtime with the group's state kept after a drain, and the
 // operator's reads, pause, purge and redrive. It cannot change the queue's
 // tables or functions (the owner applies the schema).
 func TestLeastPrivilegeRole(t *testing.T) {
@@ -114,6 +115,29 @@ func TestLeastPrivilegeRole(t *testing.T) {
 			})
 		is.NoErr(err) // the run ended with its ctx
 		is.Equal(handled.Load(), int32(2))
+	}
+
+	// The transactional runtime, on both front-ends: the state saved with
+	// the ack, and kept (a write to transport_kept_states, by the trigger)
+	// when the group drains, for the retention the owner set.
+	_, err = db.Pool.Exec(ctx(t), `UPDATE `+pgx.Identifier{db.Schema, "transport_policy"}.Sanitize()+` SET state_retention = 60`)
+	is.NoErr(err)
+	for _, w := range []struct {
+		name string
+		work func(context.Context, pgtransport.WorkerConfig, pgtransport.TxHandler) error
+	}{{"sync-tx", st.WorkTx}, {"async-tx", at.WorkTx}} {
+		_, err = st.Publish(ctx(t), w.name, "s1", 0)
+		is.NoErr(err)
+		wctx, stop := context.WithCancel(ctx(t))
+		err = w.work(wctx, pgtransport.WorkerConfig{WorkerID: w.name, Concurrency: 2, Visibility: 5 * time.Second},
+			func(_ context.Context, _ pgx.Tx, l *pgtransport.Lease, _ []byte) ([]byte, error) {
+				defer stop()
+				return []byte(l.Event), nil
+			})
+		is.NoErr(err) // the run ended with its ctx
+		state, err := st.State(ctx(t), w.name)
+		is.NoErr(err)
+		is.Equal(string(state), "s1") // saved, and kept after the drain
 	}
 
 	// The operator's calls.

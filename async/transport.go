@@ -71,13 +71,13 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 	if !t.cfg.DisableNotify {
 		switch {
 		case t.cfg.ListenDSN != "":
-			t.listener, t.release = notify.SharedDSN(t.cfg.ListenDSN, cfg.Logger)
+			t.listener, t.release = notify.SharedDSN(t.cfg.ListenDSN, t.listenConfig())
 		case pooled:
 			t.pollOnly = true
 			c.Logger().Warn("pgtransport: the pool goes through a transaction pooler, through which LISTEN delivers nothing: notifications are off, and idle streams look for work every IdleSweep; set Config.ListenDSN to a connection string straight to PostgreSQL to wake them at once",
 				slog.Duration("idle_sweep", t.cfg.IdleSweep))
 		default:
-			t.listener, t.release = notify.Shared(pool, cfg.Logger)
+			t.listener, t.release = notify.Shared(pool, t.listenConfig())
 		}
 		if t.listener != nil {
 			if t.channel, err = c.Channel(ctx); err != nil {
@@ -96,6 +96,19 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Tran
 		}()
 	}
 	return t, nil
+}
+
+// listenConfig is the shared listener's Config as this Transport would
+// have it. Its liveness probe notifies through the Transport's pool, also
+// when the pool goes through a transaction pooler (NOTIFY is the server's
+// to deliver) or to a new primary after a failover: so a listener left
+// on a host the pool no longer reaches hears nothing and reconnects.
+func (t *Transport) listenConfig() notify.Config {
+	return notify.Config{
+		Logger:       t.cfg.Logger,
+		PingInterval: t.cfg.ListenPing,
+		Probe:        notify.ProbeThrough(t.pool),
+	}
 }
 
 // vacuum is the goroutine Config.Vacuum asks for: it vacuums the queue

@@ -23,22 +23,32 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 	if err != nil {
 		return err
 	}
-	s, err := t.Stream(ctx, StreamConfig{
+	s, err := t.workStream(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close() // waits for it; it stops as ctx ends anyway
+	return worker.Run(ctx, t.workerConfig(cfg), &feed{t: t, s: s}, h)
+}
+
+// workStream is the stream a runtime of cfg (checked) takes its leases from.
+func (t *Transport) workStream(ctx context.Context, cfg pgtransport.WorkerConfig) (*Stream, error) {
+	return t.Stream(ctx, StreamConfig{
 		WorkerID:    cfg.WorkerID,
 		Visibility:  cfg.Visibility,
 		MinPriority: cfg.MinPriority,
 		MaxInFlight: cfg.Concurrency,
 	})
-	if err != nil {
-		return err
-	}
-	defer s.Close() // waits for it; it stops as ctx ends anyway
-	return worker.Run(ctx, worker.Config{
+}
+
+// workerConfig is the runtime's configuration for cfg (checked).
+func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
+	return worker.Config{
 		WorkerConfig: cfg,
 		Logger:       t.core.Logger(),
 		Observer:     t.cfg.Observer,
 		Abandon:      pgtransport.AbandonTimeout,
-	}, &feed{t: t, s: s}, h)
+	}
 }
 
 // feed is the async runtime's worker.Feed: the slots take their leases

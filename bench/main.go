@@ -55,6 +55,8 @@ func main() {
 		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
+		hold  = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
+		fresh = flag.Bool("cluster", false, "with -sustained: run on a throwaway cluster with autovacuum on (production-like) instead of the test server")
 		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
 	flag.Parse()
@@ -82,7 +84,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	if *sust > 0 {
-		if err := sustained(context.Background(), *sust); err != nil {
+		if err := sustained(context.Background(), *sust, *hold, *fresh); err != nil {
 			pgtest.Shutdown()
 			fail(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,15 +20,27 @@ import (
 // dead rows at the start and the end. The transport vacuums its tables
 // (Config.Vacuum), since autovacuum may be off. Run by -sustained, not by
 // default.
-func sustained(ctx context.Context, d time.Duration) error {
+func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 	const workers, groups, backlog = 64, 10_000, 40_000
+	cfg := pgtransport.Config{Vacuum: 10 * time.Second} // this machine's server runs with autovacuum off
+	serverCPU := func() (time.Duration, error) { return 0, nil }
+	if fresh {
+		c, err := pgtest.StartCluster()
+		if err != nil {
+			return err
+		}
+		defer c.Stop()
+		serverCPU = c.CPU
+		os.Setenv("TEST_DATABASE_URL", c.DSN())
+		cfg.Vacuum = 0 // autovacuum is on, at its defaults
+		fmt.Println("a throwaway cluster, autovacuum on at its defaults")
+	}
 	db, err := pgtest.Open(workers + 8)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	// Vacuum: this machine's server runs with autovacuum off.
-	cfg := pgtransport.Config{Schema: db.Schema, Vacuum: 10 * time.Second}
+	cfg.Schema = db.Schema
 	pub, err := pgsync.New(ctx, db.Pool, cfg)
 	if err != nil {
 		return err
@@ -50,6 +63,38 @@ func sustained(ctx context.Context, d time.Duration) error {
 			return err
 		}
 		fmt.Printf("%s: transport_messages %d kB (%d dead rows), transport_groups %d kB (%d dead rows)\n", when, msgs/1024, deadM, grps/1024, deadG)
+		if os.Getenv("BENCH_EXPLAIN") != "" {
+			// What one claim of 64 costs now, in buffers and time (rolled back).
+			tx, err := db.Pool.Begin(context.Background())
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			var plan []string
+			rows, err := tx.Query(context.Background(), `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM harel_claim_leases(extract(epoch from clock_timestamp()), extract(epoch from clock_timestamp()) + 60, 'explain', 0, 64)`)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var line string
+				_ = rows.Scan(&line)
+				plan = append(plan, line)
+			}
+			rows.Close()
+			var dbg string
+			_ = tx.QueryRow(context.Background(), `SELECT format('floors: new %s free %s s ago held %s s ago; free rows %s, oldest %s s ago, new %s (min arrival %s); held ended %s',
+				(SELECT last_value FROM transport_claim_new), round((extract(epoch from now()) - (SELECT last_value FROM transport_claim_floor)/1000.0)::numeric, 1),
+				round((extract(epoch from now()) - (SELECT last_value FROM transport_claim_held)/1000.0)::numeric, 1),
+				count(*) FILTER (WHERE locked_by IS NULL), round((extract(epoch from now()) - min(lock_expiry) FILTER (WHERE locked_by IS NULL))::numeric, 1),
+				count(*) FILTER (WHERE locked_by IS NULL AND lock_expiry IS NULL), min(arrival) FILTER (WHERE locked_by IS NULL AND lock_expiry IS NULL),
+				count(*) FILTER (WHERE locked_by <> '' AND lock_expiry < extract(epoch from now())))
+				FROM transport_groups`).Scan(&dbg)
+			fmt.Printf("    claim of 64: %s\n    %s\n", strings.Join(plan, " | "), dbg)
+			var reads string
+			_ = tx.QueryRow(context.Background(), `SELECT string_agg(indexrelname || ' ' || idx_tup_read || '/' || idx_scan, ', ' ORDER BY indexrelname)
+				FROM pg_stat_user_indexes WHERE schemaname = current_schema()`).Scan(&reads)
+			fmt.Printf("    index entries read/scans so far: %s\n", reads)
+		}
 		return nil
 	}
 	if err := stats("start"); err != nil {
@@ -96,16 +141,79 @@ func sustained(ctx context.Context, d time.Duration) error {
 			return nil
 		})
 	}()
+	released := make(chan struct{})
+	if hold > 0 {
+		// Another session's long report: a snapshot held open, so vacuum
+		// can remove nothing deleted or updated after it began.
+		conn, err := db.Pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		tx, err := conn.Begin(ctx)
+		if err == nil {
+			_, err = tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+		}
+		if err == nil {
+			_, err = tx.Exec(ctx, "SELECT count(*) FROM pg_class")
+		}
+		if err != nil {
+			conn.Release()
+			return err
+		}
+		fmt.Printf("a snapshot is held for %s\n", hold)
+		timer := time.AfterFunc(hold, func() {
+			_ = tx.Rollback(context.Background())
+			conn.Release()
+			fmt.Fprintf(os.Stderr, "snapshot released\n")
+			close(released)
+		})
+		defer func() {
+			if timer.Stop() {
+				_ = tx.Rollback(context.Background())
+				conn.Release()
+			}
+		}()
+	}
+	go func() { // 10-second samples, to see the shape within a minute
+		last := int64(0)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				n := acked.Load()
+				fmt.Fprintf(os.Stderr, "  %.0f msgs/s\n", float64(n-last)/10)
+				last = n
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	start := time.Now()
 	var perMinute []int64
 	last := int64(0)
+	lastCPU, err := serverCPU()
+	if err != nil {
+		return err
+	}
 	for t := time.NewTicker(time.Minute); ; {
 		select {
 		case <-t.C:
 			n := acked.Load()
 			perMinute = append(perMinute, n-last)
 			last = n
-			fmt.Fprintf(os.Stderr, "[%s] minute %d: %d acked (%.0f msgs/s)\n", time.Since(start).Round(time.Second), len(perMinute), perMinute[len(perMinute)-1], float64(perMinute[len(perMinute)-1])/60)
+			cpu, err := serverCPU()
+			if err != nil {
+				return err
+			}
+			perMsg := ""
+			if fresh && n > 0 {
+				// The throwaway cluster's own CPU: other load on the machine
+				// slows it but does not count.
+				perMsg = fmt.Sprintf(", server CPU %.0f µs/msg", float64((cpu-lastCPU).Microseconds())/float64(perMinute[len(perMinute)-1]))
+			}
+			lastCPU = cpu
+			fmt.Fprintf(os.Stderr, "[%s] minute %d: %d acked (%.0f msgs/s%s)\n", time.Since(start).Round(time.Second), len(perMinute), perMinute[len(perMinute)-1], float64(perMinute[len(perMinute)-1])/60, perMsg)
 			if err := stats(fmt.Sprintf("minute %d", len(perMinute))); err != nil {
 				return err
 			}

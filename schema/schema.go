@@ -263,8 +263,9 @@ func SQL() string {
 
 // Grants returns the statements that let role work a queue in schema (empty:
 // public) and nothing more: publish, claim, ack, nack, extend, the batch
-// calls, the wake-ups, fail, keyed publish and the dead letters (list,
-// redrive, purge). It may read the queue's retry policy (transport_policy)
+// calls, the wake-ups, fail, keyed publish, the dead letters (list,
+// redrive, purge) and the per-group state (AckStateTx, State; a drained
+// group's kept state). It may read the queue's retry policy (transport_policy)
 // but not change it: a transport whose Config sets a policy field needs a
 // role that may (the owner). The role needs no other privilege; it cannot
 // change the tables or replace the functions (only their owner, the role
@@ -284,9 +285,10 @@ func Grants(schema, role string) (string, error) {
 	return strings.Join([]string{
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters, " +
-			s + ".transport_dead_letters, " + s + ".transport_dedup TO " + r,
+			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states TO " + r,
 		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
+		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_arrival, " + s + ".transport_claim_new, " + s + ".transport_claim_floor, " + s + ".transport_claim_held, " + s + ".transport_claim_sweep TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
 	}, ";\n") + ";\n", nil
 }

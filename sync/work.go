@@ -51,12 +51,17 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 	if err != nil {
 		return err
 	}
-	return worker.Run(ctx, worker.Config{
+	return worker.Run(ctx, t.workerConfig(cfg), &feed{c: t.core, cfg: cfg}, h)
+}
+
+// workerConfig is the runtime's configuration for cfg (checked).
+func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
+	return worker.Config{
 		WorkerConfig: cfg,
 		Logger:       t.core.Logger(),
 		Observer:     t.core.Config().Observer,
 		Abandon:      pgtransport.AbandonTimeout,
-	}, &feed{c: t.core, cfg: cfg}, h)
+	}
 }
 
 // feed is the blocking runtime's worker.Feed: each slot claims for

@@ -291,6 +291,78 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0).Group, "b") // b and c were never served: they come before a
 	}},
 
+	{"NeverServedGroupsInArrivalOrder", func(is *is.I, e *env) {
+		e.publish("z", "z1", 0)
+		e.publish("a", "a1", 0)
+		e.publish("m", "m1", 0)
+		is.Equal(e.claim("w", 0).Group, "z") // first come, first served (until version 12: by group id)
+		l := e.claim("w", 0)
+		is.Equal(l.Group, "a")
+		is.NoErr(e.tr.Nack(e.ctx(), l, 0))   // given back with no delay:
+		is.Equal(e.claim("w", 0).Group, "a") // first in line again, before m
+		is.Equal(e.claim("w", 0).Group, "m")
+	}},
+
+	// A lease that ended waits its turn among the free groups by its end
+	// (free rows and held rows have an index each since version 12; the
+	// claim merges them by key), one lease at a time or in a batch.
+	{"EndedLeaseKeepsItsPlaceInRoundRobin", func(is *is.I, e *env) {
+		for _, g := range []string{"early", "lapsed", "late", "last"} {
+			e.publish(g, g+"1", 0)
+			e.publish(g, g+"2", 0)
+		}
+		settle := func(group string) {
+			l := e.claim("w", 0)
+			is.Equal(l.Group, group)
+			e.clock.Advance(time.Second)
+			e.ack(l) // freed, its key the clock's now
+		}
+		settle("early") // key t+1
+		lapsed := e.claim("w", 0)
+		is.Equal(lapsed.Group, "lapsed")
+		is.NoErr(e.tr.Extend(e.ctx(), lapsed, 1500*time.Millisecond)) // ends at t+2.5
+		settle("late")                                                // key t+2
+		settle("last")                                                // key t+3
+		e.clock.Advance(time.Second)                                  // t+4: early, lapsed (ended), late, last
+		batch, err := e.tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 2)
+		is.NoErr(err)
+		got := map[string]bool{}
+		for _, l := range batch {
+			got[l.Group] = true
+		}
+		is.Equal(got, map[string]bool{"early": true, "late": true}) // t+1 and t+2 before t+2.5
+		is.Equal(e.claim("w", 0).Group, "lapsed")                   // then the ended lease, before t+3
+		is.Equal(e.claim("w", 0).Group, "last")
+	}},
+
+	// The claim's floors are hints (see "The floor" in functions.sql): set
+	// far past every row, a claim still finds each kind of claimable row.
+	{"ClaimFindsRowsBelowItsFloors", func(is *is.I, e *env) {
+		e.publish("free", "f1", 0)
+		e.publish("free", "f2", 0)
+		e.publish("lapsed", "l1", 0)
+		e.publish("new", "n1", 0)
+		served := e.claim("w", 0)
+		is.Equal(served.Group, "free")
+		e.ack(served) // free, served once
+		lapsed, err := e.tr.Claim(e.ctx(), "w", pgtransport.MinVisibility, 0)
+		is.NoErr(err)
+		is.Equal(lapsed.Group, "lapsed")
+		e.clock.Advance(2 * pgtransport.MinVisibility) // its lease has ended
+		// Far past every row, and a walk from the front 1 ms ago (so none is due).
+		_, err = e.db.Pool.Exec(e.ctx(), `SELECT setval('transport_claim_new', 1e15::bigint), setval('transport_claim_floor', 1e15::bigint),
+			setval('transport_claim_held', 1e15::bigint), setval('transport_claim_sweep', $1)`, e.clock.Now().UnixMilli()-1)
+		is.NoErr(err)
+		got := map[string]bool{}
+		for range 3 {
+			l := e.claim("w", 0)
+			is.True(l != nil) // never empty while anything is claimable
+			got[l.Group] = true
+		}
+		is.Equal(got, map[string]bool{"free": true, "lapsed": true, "new": true})
+		is.Equal(e.claim("w", 0), nil)
+	}},
+
 	{"RoundRobinRotatesThroughManyGroups", func(is *is.I, e *env) {
 		const groups, per = 12, 3
 		for m := range per {
@@ -509,12 +581,12 @@ var cases = []testCase{
 
 	// Ack next keeps a hot group for MaxKeep messages, then serves the others.
 	{"AckNextKeepsHotGroupForMaxKeep", func(is *is.I, e *env) {
+		e.publish("cold", "c", 0)
 		for i := range pgtransport.DefaultMaxKeep + 4 {
 			e.publish("hot", event("hot", i), 0)
 		}
-		e.publish("cold", "c", 0)
 		l := e.claim("w", 0)
-		is.Equal(l.Group, "cold") // never-served groups in group id order
+		is.Equal(l.Group, "cold") // never-served groups in the order they arrived
 		e.ack(l)
 		l = e.claim("w", 0)
 		is.Equal(l.Event, event("hot", 0))

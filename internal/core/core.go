@@ -457,11 +457,16 @@ func (c *Core) fenced(ctx context.Context, op, sql string, args ...any) error {
 // held runs a statement that answers whether the token still held its
 // group: false is ErrLeaseLost.
 func (c *Core) held(ctx context.Context, op, sql string, args ...any) error {
+	return c.heldOn(ctx, c.db, op, sql, args...)
+}
+
+// heldOn is held through db (a caller's transaction, say).
+func (c *Core) heldOn(ctx context.Context, db DBTX, op, sql string, args ...any) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	var held bool
-	if err := c.db.QueryRow(ctx, sql, args...).Scan(&held); err != nil {
+	if err := db.QueryRow(ctx, sql, args...).Scan(&held); err != nil {
 		return mapErr(op, err)
 	}
 	if !held {
@@ -515,6 +520,7 @@ var refusals = map[string]error{
 	"PT005": pgtransport.ErrClockSkew,         // now too far from the server's clock
 	"PT006": pgtransport.ErrInvalidDedupKey,   // a dedup key that is empty or longer than MaxDedupKeyBytes
 	"PT007": pgtransport.ErrUnknownGroup,      // an operator's call on a group with no row (harel_group, harel_pause_group, ...)
+	"PT008": pgtransport.ErrStateTooLarge,     // harel_ack_state of a state over pgtransport.MaxStateSize
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

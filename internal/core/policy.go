@@ -22,6 +22,7 @@ type policy struct {
 	maxAttempts            int32  // 0: never exhausted
 	onExhausted            string // "dead_letter" or "stop"
 	backoffMin, backoffMax float64
+	stateRetention         float64 // seconds; 0: a drained group's state is not kept
 }
 
 // checkPolicy checks the policy and dedup fields of cfg (see
@@ -49,6 +50,9 @@ func checkPolicy(cfg pgtransport.Config) error {
 	default:
 		return bad("OnExhausted %q, want %q, %q or \"\" (the queue's setting)", cfg.OnExhausted, pgtransport.DeadLetterHead, pgtransport.StopGroup)
 	}
+	if cfg.StateRetention > pgtransport.MaxStateRetention {
+		return bad("StateRetention %v, want 0 (the queue's setting), negative (none) or up to %v", cfg.StateRetention, pgtransport.MaxStateRetention)
+	}
 	if cfg.DedupWindow < 0 || cfg.DedupWindow > pgtransport.MaxDedupWindow {
 		return bad("DedupWindow %v, want 0 (%v) to %v", cfg.DedupWindow, pgtransport.DefaultDedupWindow, pgtransport.MaxDedupWindow)
 	}
@@ -57,7 +61,8 @@ func checkPolicy(cfg pgtransport.Config) error {
 
 // setsPolicy reports whether cfg sets any field of the queue's policy.
 func setsPolicy(cfg pgtransport.Config) bool {
-	return cfg.MaxAttempts != 0 || cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 || cfg.OnExhausted != ""
+	return cfg.MaxAttempts != 0 || cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 || cfg.OnExhausted != "" ||
+		cfg.StateRetention != 0
 }
 
 // with is p with the fields cfg sets (a checked cfg) in place of its own.
@@ -77,6 +82,9 @@ func (p policy) with(cfg pgtransport.Config) policy {
 	if cfg.RetryBackoffMax != 0 {
 		p.backoffMax = cfg.RetryBackoffMax.Seconds()
 	}
+	if cfg.StateRetention != 0 {
+		p.stateRetention = max(cfg.StateRetention.Seconds(), 0)
+	}
 	return p
 }
 
@@ -92,7 +100,7 @@ func writePolicy(ctx context.Context, db DBTX, q statements, cfg pgtransport.Con
 		return nil
 	}
 	var cur policy
-	err := db.QueryRow(ctx, q.policyGet).Scan(&cur.maxAttempts, &cur.onExhausted, &cur.backoffMin, &cur.backoffMax)
+	err := db.QueryRow(ctx, q.policyGet).Scan(&cur.maxAttempts, &cur.onExhausted, &cur.backoffMin, &cur.backoffMax, &cur.stateRetention)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("write policy: %w: transport_policy has no row", pgtransport.ErrSchemaMissing)
 	}
@@ -117,7 +125,8 @@ func writePolicy(ctx context.Context, db DBTX, q statements, cfg pgtransport.Con
 		set(want.maxAttempts != cur.maxAttempts, want.maxAttempts),
 		set(want.onExhausted != cur.onExhausted, want.onExhausted),
 		set(want.backoffMin != cur.backoffMin, want.backoffMin),
-		set(want.backoffMax != cur.backoffMax, want.backoffMax))
+		set(want.backoffMax != cur.backoffMax, want.backoffMax),
+		set(want.stateRetention != cur.stateRetention, want.stateRetention))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23514" { // check_violation: the table's own bounds
 		return fmt.Errorf("write policy: %w: %w", pgtransport.ErrInvalidConfig, err)

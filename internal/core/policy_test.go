@@ -72,11 +72,14 @@ func TestPolicyWith(t *testing.T) {
 	is.Equal(stored.with(pgtransport.Config{}), stored) // nothing set
 	is.True(!setsPolicy(pgtransport.Config{DedupWindow: time.Minute, MaxKeep: 3}))
 	is.Equal(stored.with(pgtransport.Config{MaxAttempts: pgtransport.Unlimited}).maxAttempts, int32(0)) // never exhausted
-	is.Equal(stored.with(pgtransport.Config{MaxAttempts: 3}), policy{3, "dead_letter", 1, 60})
-	is.Equal(stored.with(pgtransport.Config{OnExhausted: pgtransport.StopGroup}), policy{10, "stop", 1, 60})
-	is.Equal(stored.with(pgtransport.Config{RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 2 * time.Second}), policy{10, "dead_letter", 0.01, 2})
+	is.Equal(stored.with(pgtransport.Config{MaxAttempts: 3}), policy{3, "dead_letter", 1, 60, 0})
+	is.Equal(stored.with(pgtransport.Config{OnExhausted: pgtransport.StopGroup}), policy{10, "stop", 1, 60, 0})
+	is.Equal(stored.with(pgtransport.Config{RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 2 * time.Second}), policy{10, "dead_letter", 0.01, 2, 0})
+	is.Equal(stored.with(pgtransport.Config{StateRetention: -time.Second}).stateRetention, 0.0) // negative: none
+	is.Equal(stored.with(pgtransport.Config{StateRetention: time.Minute}).stateRetention, 60.0)
 	for _, cfg := range []pgtransport.Config{
 		{MaxAttempts: -1}, {MaxAttempts: 1}, {RetryBackoffMin: time.Second}, {RetryBackoffMax: time.Second}, {OnExhausted: pgtransport.StopGroup},
+		{StateRetention: time.Second}, {StateRetention: -1},
 	} {
 		is.True(setsPolicy(cfg)) // each policy field is one
 	}
@@ -136,8 +139,8 @@ func TestWritePolicy(t *testing.T) {
 	ctx := pgtest.Context(t)
 	stored := func() policy {
 		var p policy
-		is.NoErr(db.Pool.QueryRow(ctx, `SELECT max_attempts, on_exhausted, backoff_min, backoff_max FROM transport_policy`).
-			Scan(&p.maxAttempts, &p.onExhausted, &p.backoffMin, &p.backoffMax))
+		is.NoErr(db.Pool.QueryRow(ctx, `SELECT max_attempts, on_exhausted, backoff_min, backoff_max, state_retention FROM transport_policy`).
+			Scan(&p.maxAttempts, &p.onExhausted, &p.backoffMin, &p.backoffMax, &p.stateRetention))
 		return p
 	}
 	open := func(cfg pgtransport.Config) error {
@@ -146,16 +149,22 @@ func TestWritePolicy(t *testing.T) {
 		return err
 	}
 	is.NoErr(open(pgtransport.Config{}))
-	is.Equal(stored(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60}) // a new queue's defaults
+	is.Equal(stored(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60, 0}) // a new queue's defaults
 	is.NoErr(open(pgtransport.Config{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup}))
-	is.Equal(stored(), policy{3, "stop", 1, 60})
+	is.Equal(stored(), policy{3, "stop", 1, 60, 0})
 	is.NoErr(open(pgtransport.Config{SkipApply: true, RetryBackoffMin: 10 * time.Millisecond}))
-	is.Equal(stored(), policy{3, "stop", 0.01, 60}) // written with SkipApply too; the rest left
+	is.Equal(stored(), policy{3, "stop", 0.01, 60, 0}) // written with SkipApply too; the rest left
 	err := open(pgtransport.Config{RetryBackoffMin: 2 * time.Minute})
 	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // above the stored max
-	is.Equal(stored(), policy{3, "stop", 0.01, 60})       // nothing written
+	is.Equal(stored(), policy{3, "stop", 0.01, 60, 0})    // nothing written
 	is.NoErr(open(pgtransport.Config{RetryBackoffMin: 2 * time.Minute, RetryBackoffMax: 5 * time.Minute}))
-	is.Equal(stored(), policy{3, "stop", 120, 300}) // both bounds in one UPDATE
+	is.Equal(stored(), policy{3, "stop", 120, 300, 0}) // both bounds in one UPDATE
 	is.NoErr(open(pgtransport.Config{MaxAttempts: pgtransport.Unlimited}))
 	is.Equal(stored().maxAttempts, int32(0)) // never exhausted
+	is.NoErr(open(pgtransport.Config{StateRetention: 90 * time.Second}))
+	is.Equal(stored().stateRetention, 90.0) // a drained group's state kept 90 s
+	is.NoErr(open(pgtransport.Config{StateRetention: -1}))
+	is.Equal(stored().stateRetention, 0.0) // negative: none
+	err = open(pgtransport.Config{StateRetention: pgtransport.MaxStateRetention + time.Second})
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // over the bound
 }

@@ -116,14 +116,20 @@ const (
 	resumeGroupSQL = `SELECT {s}harel_resume_group($1::text)`
 	purgeGroupSQL  = `SELECT {s}harel_purge_group($2::text, ` + nowExpr + `, $3::int){kfrom}`
 
+	// Exactly-once (schema version 12): the ack that also writes the
+	// group's state, inside the caller's transaction, and the state's read.
+	ackStateSQL = `SELECT {s}harel_ack_state($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::bytea){kfrom}`
+	stateSQL    = `SELECT {s}harel_state($1::text)`
+
 	// The queue's policy: a plain read and an UPDATE of the fields given
 	// (NULL keeps the stored value).
-	policyGetSQL = `SELECT max_attempts, on_exhausted, backoff_min, backoff_max FROM {s}transport_policy`
+	policyGetSQL = `SELECT max_attempts, on_exhausted, backoff_min, backoff_max, state_retention FROM {s}transport_policy`
 	policySetSQL = `UPDATE {s}transport_policy
    SET max_attempts = COALESCE($1::int, max_attempts),
        on_exhausted = COALESCE($2::text, on_exhausted),
        backoff_min = COALESCE($3::float8, backoff_min),
-       backoff_max = COALESCE($4::float8, backoff_max)`
+       backoff_max = COALESCE($4::float8, backoff_max),
+       state_retention = COALESCE($5::float8, state_retention)`
 )
 
 // statements are the SQL texts bound to one schema.
@@ -138,6 +144,7 @@ type statements struct {
 	policyGet, policySet                 string
 	stats, groups, group, peek           string
 	pause, resume, purgeGroup            string
+	ackState, state                      string
 }
 
 func newStatements(schema string, clock bool) statements {
@@ -185,5 +192,8 @@ func newStatements(schema string, clock bool) statements {
 		pause:      bind(pauseGroupSQL),
 		resume:     bind(resumeGroupSQL),
 		purgeGroup: bind(purgeGroupSQL),
+
+		ackState: bind(ackStateSQL),
+		state:    bind(stateSQL),
 	}
 }

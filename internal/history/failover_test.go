@@ -465,6 +465,16 @@ func runFailover(t *testing.T, rcfg pgtest.ReplicaConfig, freeze bool) failoverT
 	if freeze {
 		kill = rc.Freeze
 	}
+	// Closed while the stream's listener listens on the old primary. Every
+	// outage of the listener replaces it with a new channel, so after the
+	// kill only a new one, closed, shows it listening on the new primary;
+	// a frozen primary is noticed only by the listener's ping.
+	wasReady := s.Ready()
+	select {
+	case <-wasReady:
+	default:
+		wasReady = nil // not listening yet: any Ready that closes will do
+	}
 	frozen, err := kill()
 	if err != nil {
 		t.Fatal(err)
@@ -479,12 +489,23 @@ func runFailover(t *testing.T, rcfg pgtest.ReplicaConfig, freeze bool) failoverT
 	}
 	promoted := time.Now()
 	var listener time.Duration
-	select {
-	case <-s.Ready():
-		listener = time.Since(clk.kill)
-	case <-time.After(after):
-		t.Errorf("the stream's listener was not back %v after the promotion", after)
+	giveUp := time.After(after)
+	tick := time.NewTicker(10 * time.Millisecond)
+	for listener == 0 {
+		ready := s.Ready()
+		if ready == wasReady {
+			ready = nil // the old primary's, still: not back yet
+		}
+		select {
+		case <-ready:
+			listener = time.Since(clk.kill)
+		case <-tick.C:
+		case <-giveUp:
+			t.Errorf("the stream's listener was not back on the new primary %v after the promotion", after)
+			listener = -1
+		}
 	}
+	tick.Stop()
 	time.Sleep(time.Until(promoted.Add(after))) // kept: the run's second phase, on the new primary
 	end()
 	wg.Wait()

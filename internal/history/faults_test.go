@@ -114,6 +114,21 @@ func newRig(t *testing.T) *rig {
 	return &rig{t: t, db: db, pool: pool, app: app, cfg: cfg}
 }
 
+// kill terminates a random connection of the rig every period until ctx
+// ends, counting the kills.
+func (r *rig) kill(ctx context.Context, period time.Duration) {
+	for ctx.Err() == nil {
+		time.Sleep(period) // kept: the kill rate is the fault's
+		var killed int
+		err := r.db.Pool.QueryRow(context.Background(), `
+			SELECT count(pg_terminate_backend(pid))::int FROM (
+			  SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY random() LIMIT 1) AS victim`, r.app).Scan(&killed)
+		if err == nil {
+			r.f.kills.Add(int64(killed))
+		}
+	}
+}
+
 // transports opens a blocking and an async transport on the rig's pool;
 // the async one closes with the test.
 func (r *rig) transports() (*pgsync.Transport, *async.Transport) {
@@ -376,18 +391,7 @@ func TestFaults(t *testing.T) {
 	}
 
 	// The killer: terminates a random connection of the rig every 40 ms.
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			time.Sleep(40 * time.Millisecond) // kept: the kill rate is the fault's
-			var killed int
-			err := r.db.Pool.QueryRow(context.Background(), `
-				SELECT count(pg_terminate_backend(pid))::int FROM (
-				  SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY random() LIMIT 1) AS victim`, r.app).Scan(&killed)
-			if err == nil {
-				r.f.kills.Add(int64(killed))
-			}
-		}
-	})
+	wg.Go(func() { r.kill(ctx, 40*time.Millisecond) })
 	// The operator: every 300 ms, redrives a few dead letters it has not
 	// redriven before, healing half of them first. Its connections are
 	// not the rig's, so the killer leaves it alone.

@@ -150,18 +150,7 @@ func TestFaultsWork(t *testing.T) {
 	}
 
 	// The killer, as TestFaults's.
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			time.Sleep(40 * time.Millisecond) // kept: the kill rate is the fault's
-			var killed int
-			err := r.db.Pool.QueryRow(context.Background(), `
-				SELECT count(pg_terminate_backend(pid))::int FROM (
-				  SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY random() LIMIT 1) AS victim`, r.app).Scan(&killed)
-			if err == nil {
-				r.f.kills.Add(int64(killed))
-			}
-		}
-	})
+	wg.Go(func() { r.kill(ctx, 40*time.Millisecond) })
 	wg.Wait()
 
 	if leak := pgtest.Leaked(5*time.Second, "github.com/pgtransport/pgtransport/internal/worker"); leak != "" {

@@ -143,3 +143,36 @@ func findBin() (string, error) {
 	}
 	return "", fmt.Errorf("throwaway cluster: no initdb found (pg_config --bindir, /usr/lib/postgresql/*/bin, PATH)")
 }
+
+// CPU is the processor time the cluster's processes have used so far (user
+// and system; Linux, from /proc): the postmaster's, its children's, and
+// that of children it has reaped. For benchmarks on a machine whose other
+// load would skew its wall-clock figures.
+func (c *Cluster) CPU() (time.Duration, error) {
+	pids, err := c.processes()
+	if err != nil {
+		return 0, err
+	}
+	var ticks uint64
+	for i, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// After "pid (comm) ": state is field 0, utime 11, stime 12,
+		// cutime 13, cstime 14 (proc(5) numbers them from 3).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		last := 12
+		if i == 0 {
+			last = 14 // the postmaster's reaped children too
+		}
+		if len(f) <= last {
+			continue
+		}
+		for _, v := range f[11 : last+1] {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100, nil // USER_HZ
+}

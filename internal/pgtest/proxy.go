@@ -31,8 +31,10 @@ type Proxy struct {
 	target  string
 	l       net.Listener
 
-	mu    stdsync.Mutex
-	rules []*rule // armed, oldest first
+	mu     stdsync.Mutex
+	rules  []*rule       // armed, oldest first
+	frozen chan struct{} // non-nil while frozen; Thaw closes it
+	stop   chan struct{} // closed when the proxy stops: frozen forwarding gives up
 
 	cut, held, cancels atomic.Int64
 	conns              stdsync.WaitGroup
@@ -56,6 +58,7 @@ func NewProxy(tb testing.TB) *Proxy {
 	if h := cfg.ConnConfig.Host; len(h) > 0 && h[0] == '/' {
 		p.network, p.target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", h, cfg.ConnConfig.Port)
 	}
+	p.stop = make(chan struct{})
 	if p.l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		tb.Fatalf("pgtest: proxy: %v", err)
 	}
@@ -83,6 +86,7 @@ func NewProxy(tb testing.TB) *Proxy {
 		}
 	}()
 	tb.Cleanup(func() {
+		close(p.stop)
 		p.l.Close()
 		<-done
 		mu.Lock()
@@ -134,6 +138,47 @@ func (p *Proxy) arm(r *rule) {
 	p.rules = append(p.rules, r)
 }
 
+// Freeze stops forwarding bytes, in both directions and on every
+// connection, new ones included, while keeping every socket open: a
+// server that hangs (SIGSTOP) or a network path that drops everything
+// while both ends keep the TCP connection. Thaw resumes. Connections are
+// still accepted while frozen; their startup waits too. A CancelRequest is
+// dropped as ever.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen == nil {
+		p.frozen = make(chan struct{})
+	}
+}
+
+// Thaw resumes forwarding after Freeze; what waited is forwarded then.
+func (p *Proxy) Thaw() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen != nil {
+		close(p.frozen)
+		p.frozen = nil
+	}
+}
+
+// pass waits while the proxy is frozen. It reports false once the proxy
+// stops: forward nothing more.
+func (p *Proxy) pass() bool {
+	p.mu.Lock()
+	thaw := p.frozen
+	p.mu.Unlock()
+	if thaw == nil {
+		return true
+	}
+	select {
+	case <-thaw:
+		return true
+	case <-p.stop:
+		return false
+	}
+}
+
 // Lost returns how many replies the proxy has cut or held so far.
 func (p *Proxy) Lost() int { return int(p.cut.Load() + p.held.Load()) }
 
@@ -166,6 +211,9 @@ func (p *Proxy) serve(client net.Conn) {
 		p.cancels.Add(1)
 		return // dropped: a cancel must not roll back the commit being lost
 	}
+	if !p.pass() {
+		return
+	}
 	server, err := net.Dial(p.network, p.target)
 	if err != nil {
 		return
@@ -197,6 +245,9 @@ func (p *Proxy) serve(client net.Conn) {
 				mu.Unlock()
 				request = request[:0]
 			}
+			if !p.pass() {
+				return
+			}
 			if _, err := server.Write(msg); err != nil {
 				return
 			}
@@ -226,6 +277,9 @@ func (p *Proxy) serve(client net.Conn) {
 					server.Close()
 					return
 				}
+			}
+			if !p.pass() {
+				return
 			}
 			if _, err := client.Write(msg); err != nil {
 				return

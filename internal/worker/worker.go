@@ -72,6 +72,11 @@ func Check(cfg pgtransport.WorkerConfig, h pgtransport.Handler) (pgtransport.Wor
 	if h == nil {
 		return cfg, fmt.Errorf("work: %w: nil handler", pgtransport.ErrInvalidConfig)
 	}
+	return checkConfig(cfg)
+}
+
+// checkConfig fills cfg's defaults and checks it.
+func checkConfig(cfg pgtransport.WorkerConfig) (pgtransport.WorkerConfig, error) {
 	if cfg.WorkerID == "" {
 		cfg.WorkerID = defaultWorkerID()
 	}
@@ -112,6 +117,7 @@ type runtime struct {
 	cfg       Config
 	feed      Feed
 	h         Handler
+	tx        *txMode // WorkTx's: h is nil and this runs the handler in a transaction
 	log       *slog.Logger
 	obs       pgtransport.Observer // nil: none
 	base      context.Context      // the caller's values, never cancelled: settling
@@ -142,10 +148,16 @@ type run struct {
 // after ctx ended, else the error that stopped the transport (ErrClosed
 // after its Close). cfg must have been through Check.
 func Run(ctx context.Context, cfg Config, feed Feed, h Handler) error {
+	return runWith(ctx, cfg, feed, h, nil)
+}
+
+// runWith is Run, or RunTx with tx set.
+func runWith(ctx context.Context, cfg Config, feed Feed, h Handler, tx *txMode) error {
 	r := &runtime{
 		cfg:     cfg,
 		feed:    feed,
 		h:       h,
+		tx:      tx,
 		log:     cmp.Or(cfg.Logger, slog.Default()),
 		obs:     cfg.Observer,
 		base:    context.WithoutCancel(ctx),
@@ -303,7 +315,7 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 		}
 	}()
 	start := time.Now()
-	err := r.call(ctx, l)
+	open, err := r.call(ctx, l)
 	d := time.Since(start)
 	finished = true
 
@@ -314,6 +326,9 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 	abandoned := r.abandoned.Load() // read under mu: Run sets it under mu
 	r.mu.Unlock()
 	cancel()
+	if abandoned || lost {
+		open.rollback(r.base) // nothing of a lost lease's attempt is applied
+	}
 	if abandoned {
 		return nil, nil // Run has returned: its lease lapses
 	}
@@ -327,6 +342,10 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 	}
 	sctx, done := context.WithTimeout(r.base, settleTimeout)
 	defer done()
+	if open != nil {
+		r.commit(sctx, l, open)
+		return nil, nil
+	}
 	if err == nil {
 		next, pending, aerr := r.feed.Ack(sctx, l, r.stop.Err() == nil)
 		if aerr != nil {
@@ -341,17 +360,24 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 		r.release(l)
 		return nil, nil
 	}
-	// The core logs what the queue did with it (a dead letter, a stopped
-	// group) and a lost lease, and tells the observer.
-	if ferr := r.feed.Fail(sctx, l, err); ferr != nil && !errors.Is(ferr, pgtransport.ErrLeaseLost) {
-		r.log.Warn("pgtransport: fail failed; the lease will lapse and the message be handled again",
-			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", ferr, "cause", err)
-	}
+	r.fail(sctx, l, err)
 	return nil, nil
 }
 
-// call runs the handler, turning a panic into an error.
-func (r *runtime) call(ctx context.Context, l *pgtransport.Lease) (err error) {
+// fail fails l's attempt with cause. The core logs what the queue did with
+// it (a dead letter, a stopped group) and a lost lease, and tells the
+// observer.
+func (r *runtime) fail(ctx context.Context, l *pgtransport.Lease, cause error) {
+	if ferr := r.feed.Fail(ctx, l, cause); ferr != nil && !errors.Is(ferr, pgtransport.ErrLeaseLost) {
+		r.log.Warn("pgtransport: fail failed; the lease will lapse and the message be handled again",
+			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", ferr, "cause", cause)
+	}
+}
+
+// call runs the handler, turning a panic into an error. A transactional
+// handler's (WorkTx) transaction comes back open, to be acked and
+// committed, only when it returned nil; otherwise it is rolled back.
+func (r *runtime) call(ctx context.Context, l *pgtransport.Lease) (open *openTx, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			stack := debug.Stack()
@@ -360,7 +386,10 @@ func (r *runtime) call(ctx context.Context, l *pgtransport.Lease) (err error) {
 				"attempt", l.Attempt, "panic", fmt.Sprint(v), "stack", string(stack))
 		}
 	}()
-	return r.h(ctx, l)
+	if r.tx != nil {
+		return r.tx.call(ctx, l)
+	}
+	return nil, r.h(ctx, l)
 }
 
 // PanicError is the cause a panicking handler's message is failed with.

@@ -41,7 +41,7 @@
 --     every row against every element. Leasing 1,000 groups out of 20,000
 --     took 200 ms (auto_explain, BenchmarkAckMany freed/batch=1000). Every
 --     statement here is meant to reach its rows by an index (the primary
---     keys, the round-robin index, the group index); with sequential scans
+--     keys, the round-robin indexes, the group index); with sequential scans
 --     off for the function's duration the planner stays on those paths.
 --   jit = off: a plan priced with a disabled scan in it (the waiters check
 --     of the wake-up trigger has no other way) costs more than
@@ -63,7 +63,8 @@
 -- with 8, the entry checks (see there) with 9, delivery attempts, fail,
 -- dead letters and keyed publish (see "Claim", "Fail" and "Idempotent
 -- publish") with 10, the operator's stats, listings, pause, resume and
--- purge (see "Operations") with 11.
+-- purge (see "Operations") with 11, the per-group state and its ack
+-- (see "Exactly-once: per-group state") with 12.
 
 
 -- The lost-publish guard. A publish that lands in a group while an ack
@@ -173,6 +174,8 @@ CREATE TRIGGER transport_messages_hold_group
 --     harel_peek, harel_pause_group, harel_resume_group,
 --     harel_purge_group) names a group that has no row: never published
 --     to, or drained.
+--   PT008 state too large (version 12): harel_ack_state of a state
+--     longer than 262,144 bytes.
 -- The bound is the setting pgtransport.max_clock_skew, read at each call
 -- (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for many): a
 -- number of seconds or any interval ('2.5', '1 min'); unset or empty,
@@ -298,6 +301,68 @@ $$;
 -- lease them by primary key with the head and the count in the same
 -- write. An empty group row is never leased: it is deleted (the
 -- lost-publish guard's try-lock, then a re-check) or freed.
+--
+-- The floor (version 12). A claim or a free rewrites its group row with a
+-- new lock_expiry, so an index ordered by it gains an entry per hand-out
+-- and per free, and the entries of versions that are gone sit where a
+-- claim walks: before the live ones. Vacuum removes them, and a walk marks
+-- those it passes so the next skips them, but neither can while some
+-- other session holds a snapshot older than them (an hour-long report, a
+-- transaction left open). With one round-robin index over every row, a
+-- claim then walked every entry written since that snapshot began: after
+-- one minute at 10,000 messages a second, a claim of 64 groups walked
+-- 81,000 buffers and took 120 ms; acked leases' entries (at their
+-- lease's end) joined the free rows' range once that end passed; and in a
+-- queue whose groups come and go, every group row ever created left an
+-- entry among the never-served rows. So:
+--   - free rows (no holder) and held rows (a lease, or a nack's park,
+--     under a token) have an index each (transport_groups_free,
+--     transport_groups_held, both partial; the held rows' predicate is
+--     locked_by > '', which the fences' locked_by <> '' does not imply, so
+--     a fence never walks that index instead of the primary key: with a
+--     table's statistics from when nothing was held, a plan took the
+--     index for empty and walked all of it); failed and stopped rows
+--     (holder '') keep transport_groups_retry. A claim or an ack still
+--     writes one entry in one of them, as it wrote one in the single index.
+--   - a claim starts each walk at a floor: the free rows' floor is the key
+--     of the first free row a claim found (rows before it were all taken:
+--     claims take the oldest first); the held rows' floor is where the
+--     last walk of ended leases stopped (now, when it found them all).
+--     Sequences hold them (transport_claim_floor, transport_claim_held,
+--     in epoch milliseconds): a sequence is one value written in place,
+--     while a row written this often would itself grow a chain of versions
+--     under that snapshot.
+-- The walk, for one lease or a batch, after the failed heads whose backoff
+-- has ended (see "Claim" above):
+--   1. free rows never served (and given back, restarted, nacked with no
+--      delay): key 0 (NULL sorts as 0), as the design orders them, and
+--      among them by arrival (transport_groups.arrival, numbered by its
+--      default; until version 12, by group_id), from the never-served
+--      rows' floor (transport_claim_new: the first arrival a claim found;
+--      written when it has moved on by 256 or more). A row that goes back
+--      to key 0 (a give-back, a nack with no delay, a restart) gets the
+--      floor as its arrival: first in line again, before every group that
+--      arrived since (ties by group_id);
+--   2. free rows from the floor up and held rows whose lease or park has
+--      ended from the held floor, merged by key (lock_expiry: when a free
+--      row was freed, when a lease or park ended), served longest ago
+--      first, as the one index ordered them. A held row the merge does not
+--      take stays locked until the claim's transaction ends, then is
+--      claimable again; the free walk stops at the held walk's last key
+--      when that walk filled the batch;
+--   3. only if 1 and 2 found nothing: both walks from the front, so that
+--      a claim never comes back empty while anything is claimable.
+-- A row sits below a floor only when a claim or an ack that locked it
+-- rolled back, or a client's clock ran far behind the others'; a resume
+-- moves a paused group's key up to its floor. Under a busy queue such a row would wait
+-- for 3, so every 30 s (transport_claim_sweep: when the last such walk
+-- began) one claim walks from the front instead. Only claims that admit
+-- every priority move a floor (one with a priority floor sees some rows
+-- only), and only forward by 50 ms or more, so each is written about 20
+-- times a second at most. The floors are hints: any value gives the same
+-- leases, a wrong one only a longer walk. They are read and written inline
+-- in harel_claim_one and harel_claim_leases: a helper function would pin
+-- its settings and cost every claim more nested calls.
 
 -- harel_bury moves messages (p_seqs[i] of p_groups[i]) to
 -- transport_dead_letters with their group's priority and attempts and
@@ -409,6 +474,16 @@ DECLARE
     v_pub     TIMESTAMPTZ;
     v_stopped BOOLEAN;
     v_held    TEXT[] := '{}';  -- empty groups a publisher still holds: skip this call
+    v_from    DOUBLE PRECISION;  -- the free rows' floor, or 0 (see "The floor" above)
+    v_hfrom   DOUBLE PRECISION;  -- the held rows' floor, or 0
+    v_afrom   BIGINT;            -- the never-served rows' floor (an arrival), or 0
+    v_recent  BOOLEAN;           -- a walk from the front began less than 30 s ago
+    v_key     DOUBLE PRECISION;  -- the key of the free row found
+    v_arr     BIGINT;            -- the arrival of the never-served row found
+    v_hgroup  TEXT;              -- the held row found, its ...
+    v_hdseq   BIGINT;
+    v_hatt    INT;
+    v_hkey    DOUBLE PRECISION;  -- ... and its key
 BEGIN
     -- The entry checks (see "Entry checks" above).
     IF p_token IS NULL OR p_token = '' THEN
@@ -420,6 +495,17 @@ BEGIN
     IF harel_clock_skewed(p_now) THEN
         RAISE EXCEPTION 'harel_claim: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
             USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+    END IF;
+    -- Where the walks start (see "The floor" above): the never-served,
+    -- free and held rows' floors, or all 0 when a walk from the front is due.
+    SELECT n.last_value, f.last_value / 1000.0, h.last_value / 1000.0, p_now * 1000 - s.last_value BETWEEN 0 AND 30000
+      INTO v_afrom, v_from, v_hfrom, v_recent
+      FROM transport_claim_new AS n, transport_claim_floor AS f, transport_claim_held AS h, transport_claim_sweep AS s;
+    IF NOT v_recent THEN
+        PERFORM setval('transport_claim_sweep', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+        v_afrom := 0;
+        v_from := 0;
+        v_hfrom := 0;
     END IF;
     LOOP
         -- FOR NO KEY UPDATE: the key never changes, and no stronger lock is
@@ -434,16 +520,55 @@ BEGIN
          ORDER BY c.lock_expiry
          LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED;
-        IF v_group IS NULL THEN
-            SELECT c.group_id, c.delivered_seq, c.attempts INTO v_group, v_dseq, v_att
+        -- Then the round-robin (see "The floor" above): 1, never served,
+        -- from their floor; 2, free rows from the floor and held rows
+        -- whose lease or park has ended from the held floor, the lower key
+        -- first; 3, only if nothing was found, 2 from the front.
+        FOR v_pass IN 1..3 LOOP
+            EXIT WHEN v_group IS NOT NULL OR (v_pass = 3 AND v_afrom = 0 AND v_from = 0 AND v_hfrom = 0);
+            IF v_pass = 1 THEN
+                SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.arrival, 0) INTO v_group, v_dseq, v_att, v_arr
+                  FROM transport_groups AS c
+                 WHERE c.locked_by IS NULL AND COALESCE(c.lock_expiry, 0) = 0 AND COALESCE(c.arrival, 0) >= v_afrom
+                   AND c.priority >= p_min_priority AND NOT c.paused
+                   AND c.group_id <> ALL (v_held)
+                 ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
+                 LIMIT 1
+                   FOR NO KEY UPDATE SKIP LOCKED;
+                IF p_min_priority <= 0 AND v_arr >= v_afrom + 256 THEN
+                    PERFORM setval('transport_claim_new', v_arr);
+                END IF;
+                CONTINUE;
+            END IF;
+            SELECT c.group_id, c.delivered_seq, c.attempts, c.lock_expiry INTO v_hgroup, v_hdseq, v_hatt, v_hkey
               FROM transport_groups AS c
-             WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+             WHERE c.locked_by > '' AND c.lock_expiry >= CASE WHEN v_pass = 2 THEN v_hfrom ELSE 0 END
+               AND c.lock_expiry < p_now
                AND c.priority >= p_min_priority AND NOT c.paused
                AND c.group_id <> ALL (v_held)
-             ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
+             ORDER BY c.lock_expiry, c.group_id
              LIMIT 1
                FOR NO KEY UPDATE SKIP LOCKED;
-        END IF;
+            -- The held floor: where this walk stopped, or now if it found none.
+            IF p_min_priority <= 0 AND COALESCE(v_hkey, p_now) >= v_hfrom + 0.05 THEN
+                PERFORM setval('transport_claim_held', floor(COALESCE(v_hkey, p_now) * 1000)::BIGINT);
+            END IF;
+            -- A free row wins if its key is not above the held row's.
+            SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0) INTO v_group, v_dseq, v_att, v_key
+              FROM transport_groups AS c
+             WHERE c.locked_by IS NULL
+               AND COALESCE(c.lock_expiry, 0) BETWEEN CASE WHEN v_pass = 2 THEN v_from ELSE 0 END AND COALESCE(v_hkey, 'Infinity')
+               AND c.priority >= p_min_priority AND NOT c.paused
+               AND c.group_id <> ALL (v_held)
+             ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
+             LIMIT 1
+               FOR NO KEY UPDATE SKIP LOCKED;
+            IF v_group IS NULL THEN
+                v_group := v_hgroup; v_dseq := v_hdseq; v_att := v_hatt;
+            ELSIF p_min_priority <= 0 AND v_pass = 2 AND v_key >= v_from + 0.05 THEN
+                PERFORM setval('transport_claim_floor', floor(v_key * 1000)::BIGINT);
+            END IF;
+        END LOOP;
         IF v_group IS NULL THEN
             RETURN;
         END IF;
@@ -556,6 +681,23 @@ DECLARE
     v_stopped TEXT[];
     v_empty   TEXT[];
     v_gone    TEXT[];
+    v_from    DOUBLE PRECISION;  -- the free rows' floor, or 0 (see "The floor" above)
+    v_hfrom   DOUBLE PRECISION;  -- the held rows' floor, or 0
+    v_afrom   BIGINT;            -- the never-served rows' floor (an arrival), or 0
+    v_recent  BOOLEAN;           -- a walk from the front began less than 30 s ago
+    v_n       INT;               -- groups picked so far
+    v_arr     BIGINT;            -- the lowest arrival of the never-served rows found
+    v_hgroups TEXT[];            -- the held rows found, in key order, their ...
+    v_hdseqs  BIGINT[];
+    v_hatts   INT[];
+    v_hkeys   DOUBLE PRECISION[];  -- ... keys,
+    v_found   INT;               -- and how many
+    v_hkey    DOUBLE PRECISION;  -- the held floor to be
+    v_fgroups TEXT[];            -- the free rows found, their ...
+    v_fdseqs  BIGINT[];
+    v_fatts   INT[];
+    v_fkeys   DOUBLE PRECISION[];  -- ... keys,
+    v_key     DOUBLE PRECISION;  -- and the lowest above 0
 BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
@@ -571,6 +713,17 @@ BEGIN
         RAISE EXCEPTION 'harel_claim_many: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
             USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
     END IF;
+    -- Where the walks start (see "The floor" above): the never-served,
+    -- free and held rows' floors, or all 0 when a walk from the front is due.
+    SELECT n.last_value, f.last_value / 1000.0, h.last_value / 1000.0, p_now * 1000 - s.last_value BETWEEN 0 AND 30000
+      INTO v_afrom, v_from, v_hfrom, v_recent
+      FROM transport_claim_new AS n, transport_claim_floor AS f, transport_claim_held AS h, transport_claim_sweep AS s;
+    IF NOT v_recent THEN
+        PERFORM setval('transport_claim_sweep', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+        v_afrom := 0;
+        v_from := 0;
+        v_hfrom := 0;
+    END IF;
     -- Pick and lock: failed heads whose backoff has ended first (see
     -- "Claim" above), then the round-robin for the rest; every later
     -- statement reaches rows by primary key (= ANY of an array, or a join
@@ -583,19 +736,82 @@ BEGIN
              ORDER BY c.lock_expiry
              LIMIT p_limit
                FOR NO KEY UPDATE SKIP LOCKED) AS c;
-    IF COALESCE(cardinality(v_groups), 0) < p_limit THEN
-        SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
-               COALESCE(v_atts, '{}') || array_agg(c.attempts)
-          INTO v_groups, v_dseqs, v_atts
-          FROM (SELECT c.group_id, c.delivered_seq, c.attempts
+    -- Then harel_claim_one's round-robin (see "The floor" above): never
+    -- served, from their floor; free rows from the floor and held rows
+    -- whose lease or park has ended from the held floor, merged by key;
+    -- only if nothing was found, the latter from the front.
+    FOR v_pass IN 1..3 LOOP
+        v_n := COALESCE(cardinality(v_groups), 0);
+        EXIT WHEN v_n >= p_limit OR (v_pass = 3 AND (v_n > 0 OR (v_afrom = 0 AND v_from = 0 AND v_hfrom = 0)));
+        IF v_pass = 1 THEN
+            SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
+                   COALESCE(v_atts, '{}') || array_agg(c.attempts), min(c.a)
+              INTO v_groups, v_dseqs, v_atts, v_arr
+              FROM (SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.arrival, 0) AS a
+                      FROM transport_groups AS c
+                     WHERE c.locked_by IS NULL AND COALESCE(c.lock_expiry, 0) = 0 AND COALESCE(c.arrival, 0) >= v_afrom
+                       AND c.priority >= p_min_priority AND NOT c.paused
+                       AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
+                     ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
+                     LIMIT p_limit - v_n
+                       FOR NO KEY UPDATE SKIP LOCKED) AS c;
+            IF p_min_priority <= 0 AND v_arr >= v_afrom + 256 THEN
+                PERFORM setval('transport_claim_new', v_arr);
+            END IF;
+            CONTINUE;
+        END IF;
+        SELECT array_agg(c.group_id ORDER BY c.lock_expiry, c.group_id), array_agg(c.delivered_seq ORDER BY c.lock_expiry, c.group_id),
+               array_agg(c.attempts ORDER BY c.lock_expiry, c.group_id), array_agg(c.lock_expiry ORDER BY c.lock_expiry, c.group_id), count(*)
+          INTO v_hgroups, v_hdseqs, v_hatts, v_hkeys, v_found
+          FROM (SELECT c.group_id, c.delivered_seq, c.attempts, c.lock_expiry
                   FROM transport_groups AS c
-                 WHERE (c.locked_by IS NULL OR c.lock_expiry < p_now)
+                 WHERE c.locked_by > '' AND c.lock_expiry >= CASE WHEN v_pass = 2 THEN v_hfrom ELSE 0 END
+                   AND c.lock_expiry < p_now
                    AND c.priority >= p_min_priority AND NOT c.paused
                    AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
-                 ORDER BY COALESCE(c.lock_expiry, 0), c.group_id
-                 LIMIT p_limit - COALESCE(cardinality(v_groups), 0)
+                 ORDER BY c.lock_expiry, c.group_id
+                 LIMIT p_limit - v_n
                    FOR NO KEY UPDATE SKIP LOCKED) AS c;
-    END IF;
+        -- Free rows, up to the last held row's key when the held walk
+        -- filled the batch (one with a higher key would lose to it).
+        SELECT array_agg(c.group_id), array_agg(c.delivered_seq), array_agg(c.attempts), array_agg(c.k),
+               min(c.k) FILTER (WHERE c.k > 0)
+          INTO v_fgroups, v_fdseqs, v_fatts, v_fkeys, v_key
+          FROM (SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0) AS k
+                  FROM transport_groups AS c
+                 WHERE c.locked_by IS NULL
+                   AND COALESCE(c.lock_expiry, 0) BETWEEN CASE WHEN v_pass = 2 THEN v_from ELSE 0 END
+                                                      AND CASE WHEN v_found < p_limit - v_n THEN 'Infinity' ELSE v_hkeys[v_found] END
+                   AND c.priority >= p_min_priority AND NOT c.paused
+                   AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
+                 ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
+                 LIMIT p_limit - v_n
+                   FOR NO KEY UPDATE SKIP LOCKED) AS c;
+        -- The lowest keys of both (a free row first on a tie); rows not
+        -- taken stay locked until this transaction ends, then claimable.
+        SELECT COALESCE(v_groups, '{}') || array_agg(u.g), COALESCE(v_dseqs, '{}') || array_agg(u.d),
+               COALESCE(v_atts, '{}') || array_agg(u.a)
+          INTO v_groups, v_dseqs, v_atts
+          FROM (SELECT x.g, x.d, x.a
+                  FROM (SELECT h.g, h.d, h.a, h.k, 1 AS src FROM unnest(v_hgroups, v_hdseqs, v_hatts, v_hkeys) AS h(g, d, a, k)
+                        UNION ALL
+                        SELECT f.g, f.d, f.a, f.k, 0 FROM unnest(v_fgroups, v_fdseqs, v_fatts, v_fkeys) AS f(g, d, a, k)) AS x
+                 ORDER BY x.k, x.src, x.g
+                 LIMIT p_limit - v_n) AS u;
+        IF p_min_priority <= 0 THEN
+            -- The held floor: the lowest held row found and not taken, else
+            -- now if the walk found every such row, else where it stopped.
+            SELECT COALESCE(min(h.k), CASE WHEN v_found < p_limit - v_n THEN p_now ELSE v_hkeys[v_found] END) INTO v_hkey
+              FROM unnest(v_hgroups, v_hkeys) AS h(g, k)
+             WHERE h.g <> ALL (v_groups);
+            IF v_hkey >= v_hfrom + 0.05 THEN
+                PERFORM setval('transport_claim_held', floor(v_hkey * 1000)::BIGINT);
+            END IF;
+            IF v_pass = 2 AND v_key >= v_from + 0.05 THEN
+                PERFORM setval('transport_claim_floor', floor(v_key * 1000)::BIGINT);
+            END IF;
+        END IF;
+    END LOOP;
     IF cardinality(v_groups) IS NULL OR cardinality(v_groups) = 0 THEN
         RETURN;
     END IF;
@@ -1183,7 +1399,7 @@ SET jit = off
 AS $$
 BEGIN
     UPDATE transport_groups AS g
-       SET locked_by = NULL, lock_expiry = NULL, attempts = GREATEST(g.attempts - 1, 0)
+       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = GREATEST(g.attempts - 1, 0)
      WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     RETURN FOUND;
 END
@@ -1224,7 +1440,7 @@ BEGIN
                            NULL);
     END IF;
     UPDATE transport_groups AS g
-       SET locked_by = NULL, lock_expiry = NULL, attempts = 0
+       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = 0
      WHERE g.group_id = p_group;
     RETURN true;
 END
@@ -1475,7 +1691,7 @@ BEGIN
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     ELSE
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = NULL
+           SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a)
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     END IF;
     RETURN FOUND;
@@ -1732,11 +1948,13 @@ BEGIN
         PERFORM set_config('enable_seqscan', 'on', true);
     END IF;
     IF v_order = 'group' AND p_state IN ('leased', 'parked', 'stopped') THEN
-        -- Their lock_expiry is at or after now: the round-robin index's
-        -- range from now on (few rows, in a working queue), not a scan.
+        -- They have a holder (a token, or '' when failed or stopped) and
+        -- their lock_expiry is at or after now: the held rows' index and
+        -- the retry index from now on (few rows, in a working queue), not
+        -- a scan.
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE COALESCE(g.lock_expiry, 0) >= v_now
+                 WHERE ((g.locked_by > '' AND g.lock_expiry >= v_now) OR (g.locked_by = '' AND g.lock_expiry >= v_now))
                    AND harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
@@ -1757,7 +1975,7 @@ BEGIN
         SELECT array_agg(x.group_id ORDER BY x.n) INTO v_groups
           FROM (SELECT g.group_id, row_number() OVER (ORDER BY g.leased_at NULLS FIRST, g.group_id) AS n
                   FROM transport_groups AS g
-                 WHERE COALESCE(g.lock_expiry, 0) >= v_now AND g.locked_by <> ''  -- the round-robin index's range
+                 WHERE g.locked_by > '' AND g.lock_expiry >= v_now  -- the held rows' index, from now on
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
                  ORDER BY g.leased_at NULLS FIRST, g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
@@ -1887,7 +2105,16 @@ BEGIN
     IF NOT v_paused THEN
         RETURN false;
     END IF;
-    UPDATE transport_groups AS g SET paused = false WHERE g.group_id = p_group;
+    -- Back at its place, or at the floor if claims walked past it while
+    -- it was paused (see "The floor" above): first among the live rows.
+    UPDATE transport_groups AS g
+       SET paused = false,
+           lock_expiry = CASE WHEN g.locked_by IS NULL AND g.lock_expiry > 0
+                                   THEN GREATEST(g.lock_expiry, (SELECT f.last_value / 1000.0 FROM transport_claim_floor AS f))
+                              WHEN g.locked_by <> ''
+                                   THEN GREATEST(g.lock_expiry, (SELECT h.last_value / 1000.0 FROM transport_claim_held AS h))
+                              ELSE g.lock_expiry END
+     WHERE g.group_id = p_group;
     -- Drained while paused: the row goes now (as an ack's would have),
     -- through the lost-publish guard.
     IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
@@ -2025,8 +2252,9 @@ $$;
 -- total counts them all); at is the server's clock.
 --
 -- Cost, and what is exact. Leased, parked, stopped and paused groups
--- are counted exactly, through indexes (the round-robin index from now
--- on, and the partial index of paused groups): a working queue has few.
+-- are counted exactly, through indexes (the held rows' index and the
+-- retry index from now on, and the partial index of paused groups): a
+-- working queue has few.
 -- All groups, messages and dead letters are counted exactly up to
 -- 100,000 rows each; past that they are estimated from a random sample of
 -- about 200 of the table's pages (TABLESAMPLE SYSTEM), scaled by
@@ -2082,9 +2310,10 @@ DECLARE
 BEGIN
 
     -- Groups in every state but free, exact, through indexes: a leased,
-    -- parked or stopped group's lock_expiry is at or after now (the
-    -- round-robin index, from now on), a paused group is in the partial
-    -- index transport_groups_paused. Few, in a working queue.
+    -- parked or stopped group has a holder and its lock_expiry is at or
+    -- after now (the held rows' index and the retry index, from now on), a
+    -- paused group is in the partial index transport_groups_paused. Few,
+    -- in a working queue.
     SELECT array_agg(COALESCE(x.leased, 0) ORDER BY p.p), array_agg(COALESCE(x.parked, 0) ORDER BY p.p),
            array_agg(COALESCE(x.stopped, 0) ORDER BY p.p)
       INTO v_leased, v_parked, v_stopped
@@ -2095,7 +2324,7 @@ BEGIN
                         count(*) FILTER (WHERE s.st = 'stopped') AS stopped
                    FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st
                            FROM transport_groups AS g
-                          WHERE COALESCE(g.lock_expiry, 0) >= v_now) AS s
+                          WHERE (g.locked_by > '' AND g.lock_expiry >= v_now) OR (g.locked_by = '' AND g.lock_expiry >= v_now)) AS s
                   GROUP BY s.priority) AS x ON x.priority = p.p;
     SELECT array_agg(COALESCE(x.n, 0) ORDER BY p.p) INTO v_paused
       FROM generate_series(0, 4) AS p(p)
@@ -2232,6 +2461,147 @@ END
 $$;
 
 
+-- Exactly-once: per-group state (version 12).
+--
+-- A consumer whose effects are rows in this same database applies them
+-- exactly once by committing them with the ack, in one transaction of its
+-- own: BEGIN; its writes; harel_ack (or harel_ack_state); COMMIT. The ack is
+-- fenced by the lease's token, so a holder whose lease was lost gets false
+-- (or PT001) before it commits, rolls back, and nothing of its attempt is
+-- applied; the message's next holder applies it. Either the writes and
+-- the ack both commit or neither does, so when the COMMIT's reply is lost
+-- the message is acked if and only if the writes committed.
+--
+-- A group's state is a small value (at most 256 KiB) kept with its group
+-- row (transport_groups.state) and written only by harel_ack_state, in the
+-- ack's transaction and fenced as the ack is: a stale holder can never
+-- overwrite it. It is what an event-sourced consumer folds its events
+-- into: read S(n-1) with harel_state, apply event n, save S(n) with the
+-- ack of n. When the group drains its row is deleted; with the queue's
+-- state_retention > 0 (transport_policy) the trigger below keeps the
+-- state in transport_kept_states for that long, where harel_state finds
+-- it until the group's next state write replaces it. A group row with no
+-- state costs nothing here: the trigger fires only for rows that carry
+-- one.
+
+-- harel_keep_state is the trigger that keeps a drained group's state:
+-- after the delete of a group row that carries one, when the queue's
+-- state_retention is above 0, the state is kept until now + retention
+-- (server clock), replacing what was kept for the group; and up to 8
+-- expired kept states are deleted, so the table is cleaned at the rate
+-- it is written. Whatever deletes the row (an ack that drains it, a
+-- claim that finds it empty, a dead letter, a purge), the state is kept.
+CREATE OR REPLACE FUNCTION harel_keep_state()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_now       DOUBLE PRECISION := date_part('epoch', clock_timestamp());
+    v_retention DOUBLE PRECISION;
+BEGIN
+    SELECT p.state_retention INTO v_retention FROM transport_policy AS p;
+    IF v_retention > 0 THEN
+        INSERT INTO transport_kept_states AS k (group_id, state, keep_until)
+        VALUES (OLD.group_id, OLD.state, v_now + v_retention)
+        ON CONFLICT (group_id) DO UPDATE
+            SET state = EXCLUDED.state, keep_until = EXCLUDED.keep_until;
+        DELETE FROM transport_kept_states AS k
+         WHERE k.group_id IN (SELECT x.group_id FROM transport_kept_states AS x
+                               WHERE x.keep_until < v_now
+                               ORDER BY x.keep_until
+                               LIMIT 8
+                               FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_keep_state ON transport_groups;
+CREATE TRIGGER transport_groups_keep_state
+    AFTER DELETE ON transport_groups
+    FOR EACH ROW WHEN (OLD.state IS NOT NULL)
+    EXECUTE FUNCTION harel_keep_state();
+
+-- harel_ack_state is harel_ack that also sets the group's state to p_state
+-- (NULL clears it), in the same transaction: when the ack holds (true),
+-- the state is p_state, and the caller's writes, the state and the ack
+-- commit or roll back together. When it does not (false, or PT001 as
+-- harel_ack raises), the state is unchanged, and the caller must roll back
+-- its own writes. A p_state over 262,144 bytes is refused with PT008 and
+-- nothing is written. A state kept after the group drained
+-- (transport_kept_states) is deleted by the write: the group row's state
+-- is now the group's. The state write is fenced as harel_ack is (p_token
+-- holds p_group and p_seq is the message it was handed) and locks the
+-- group row until the caller's commit: call it last, just before COMMIT.
+-- A state equal to the stored one is not written again.
+CREATE OR REPLACE FUNCTION harel_ack_state(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION,
+    p_state BYTEA)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    IF octet_length(p_state) > 262144 THEN
+        RAISE EXCEPTION 'harel_ack_state: the state is % bytes, the limit is 262144', octet_length(p_state)
+            USING ERRCODE = 'PT008';
+    END IF;
+    UPDATE transport_groups AS g
+       SET state = p_state
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+       AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+       AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+       AND g.state IS DISTINCT FROM p_state;
+    IF FOUND THEN
+        DELETE FROM transport_kept_states AS k WHERE k.group_id = p_group;
+    ELSIF EXISTS (SELECT 1 FROM transport_kept_states AS k WHERE k.group_id = p_group) THEN
+        -- The row's state already is p_state, but a kept one would still
+        -- be read in place of a NULL: delete it, under the fence (the
+        -- row's lock, so it holds until commit).
+        PERFORM 1 FROM transport_groups AS g
+          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+            AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+            AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+          FOR NO KEY UPDATE;
+        IF FOUND THEN
+            DELETE FROM transport_kept_states AS k WHERE k.group_id = p_group;
+        END IF;
+    END IF;
+    RETURN harel_ack(p_group, p_seq, p_token, p_now);
+END
+$$;
+
+-- harel_state is p_group's state: its row's, else one kept after it
+-- drained whose retention has not ended (server clock), else NULL.
+-- Reading is not fenced (any caller may read any group's state): a
+-- consumer reads it inside the transaction in which it holds the lease
+-- and writes the next one with harel_ack_state, whose fence is what
+-- makes the pair exactly once.
+CREATE OR REPLACE FUNCTION harel_state(p_group TEXT)
+RETURNS BYTEA
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT COALESCE(
+        (SELECT g.state FROM transport_groups AS g WHERE g.group_id = p_group),
+        (SELECT k.state FROM transport_kept_states AS k
+          WHERE k.group_id = p_group AND k.keep_until > date_part('epoch', clock_timestamp())))
+$$;
+
+
 -- Wake idle consumers with LISTEN/NOTIFY, and only them.
 --
 -- A transaction that runs NOTIFY takes a database-wide lock at commit, so
@@ -2324,17 +2694,21 @@ BEGIN
         ON CONFLICT (waiter) DO UPDATE
             SET min_priority = EXCLUDED.min_priority, until = EXCLUDED.until;
     END IF;
-    -- Walks the round-robin index from p_now: free groups sit at or before
-    -- now (their lock_expiry is when they were freed), so the first locked
-    -- row past now is the answer.
-    SELECT g.lock_expiry INTO v_next
-      FROM transport_groups AS g
-     WHERE COALESCE(g.lock_expiry, 0) > p_now
-       AND g.locked_by IS NOT NULL
-       AND COALESCE(g.lock_expiry, 0) < 'Infinity'  -- a stopped group never runs out (an index bound: stopped groups are not walked)
-       AND g.priority >= p_min_priority AND NOT g.paused
-     ORDER BY COALESCE(g.lock_expiry, 0), g.group_id
-     LIMIT 1;
+    -- The first end after now of a lease or a nack's park (the held rows'
+    -- index) or of a failed head's backoff (the retry index; a stopped
+    -- group, at 'Infinity', never runs out), each walked from now.
+    SELECT LEAST(
+             (SELECT g.lock_expiry FROM transport_groups AS g
+               WHERE g.locked_by > '' AND g.lock_expiry > p_now
+                 AND g.priority >= p_min_priority AND NOT g.paused
+               ORDER BY g.lock_expiry, g.group_id
+               LIMIT 1),
+             (SELECT g.lock_expiry FROM transport_groups AS g
+               WHERE g.locked_by = '' AND g.lock_expiry > p_now AND g.lock_expiry < 'Infinity'
+                 AND g.priority >= p_min_priority AND NOT g.paused
+               ORDER BY g.lock_expiry
+               LIMIT 1))
+      INTO v_next;
     RETURN v_next;
 END
 $$;
@@ -2370,7 +2744,10 @@ GRANT EXECUTE ON FUNCTION
 -- Roles granted access before an upgrade keep working after it. A role
 -- given schema.Grants before version 10 has no privilege on the tables
 -- version 10 added, which a claim may write (a dead letter) and a publish
--- with a key must; and where the owner's default privileges revoke EXECUTE
+-- with a key must (and, since version 12, on transport_kept_states, which
+-- any delete of a group row with a state may write, and on the claim's
+-- floor sequences, which every claim reads); and where the
+-- owner's default privileges revoke EXECUTE
 -- from PUBLIC, none on the functions it added. So every role that may
 -- update transport_groups (PUBLIC aside) gets the same on the tables
 -- added since, and every role that may execute harel_claim may execute
@@ -2387,8 +2764,9 @@ BEGIN
          WHERE c.oid = 'transport_groups'::regclass
            AND a.privilege_type = 'UPDATE' AND a.grantee <> c.relowner AND a.grantee <> 0
     LOOP
-        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup TO ' || r.role;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states TO ' || r.role;
         EXECUTE 'GRANT SELECT ON transport_policy TO ' || r.role;
+        EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_arrival, transport_claim_new, transport_claim_floor, transport_claim_held, transport_claim_sweep TO ' || r.role;
     END LOOP;
     FOR r IN
         SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role

@@ -1,0 +1,351 @@
+package contract
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+// Exactly is the exactly-once calls of issue 19, in the blocking form:
+// every Transport under test must have them (a case fails, never skips,
+// when one lacks them).
+type Exactly interface {
+	Transport
+	AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) error
+	AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease, state []byte) error
+	State(ctx context.Context, group string) ([]byte, error)
+	StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error)
+	WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error
+}
+
+// The cases of issue 19: the ack inside the caller's transaction, the
+// group's state saved with it, and the transactional handler.
+func init() {
+	cases = append(cases,
+		testCase{"ExactlyAckTxCommitAppliesBoth", exactlyAckTxCommitAppliesBoth},
+		testCase{"ExactlyAckTxRollbackKeepsTheMessage", exactlyAckTxRollbackKeepsTheMessage},
+		testCase{"ExactlyAckTxOfALostLease", exactlyAckTxOfALostLease},
+		testCase{"ExactlyStaleHolderCannotOverwriteState", exactlyStaleHolderCannotOverwriteState},
+		testCase{"ExactlyStateTooLargeWritesNothing", exactlyStateTooLargeWritesNothing},
+		testCase{"ExactlyStateRetention", exactlyStateRetention},
+		testCase{"ExactlyStatePlainSQL", exactlyStatePlainSQL},
+		testCase{"ExactlyWorkTxFoldsInOrder", exactlyWorkTxFoldsInOrder},
+	)
+}
+
+func (e *env) exactly() Exactly {
+	e.t.Helper()
+	x, ok := e.tr.(Exactly)
+	if !ok {
+		e.t.Fatalf("%T lacks the exactly-once calls (contract.Exactly)", e.tr)
+	}
+	return x
+}
+
+// effects creates the user's table the cases write their effects to.
+func (e *env) effects() {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(e.ctx(), `CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, group_id TEXT NOT NULL, seq BIGINT NOT NULL)`); err != nil {
+		e.t.Fatalf("create effects: %v", err)
+	}
+}
+
+// begin starts a transaction on the case's pool, rolled back at the end
+// of the case if still open.
+func (e *env) begin() pgx.Tx {
+	e.t.Helper()
+	tx, err := e.db.Pool.Begin(e.ctx())
+	if err != nil {
+		e.t.Fatalf("begin: %v", err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// effect writes l's effect in tx.
+func (e *env) effect(tx pgx.Tx, l *pgtransport.Lease) {
+	e.t.Helper()
+	if _, err := tx.Exec(e.ctx(), `INSERT INTO effects (group_id, seq) VALUES ($1, $2)`, l.Group, l.Seq); err != nil {
+		e.t.Fatalf("effect: %v", err)
+	}
+}
+
+func (e *env) state(group string) []byte {
+	e.t.Helper()
+	s, err := e.exactly().State(e.ctx(), group)
+	if err != nil {
+		e.t.Fatalf("state %s: %v", group, err)
+	}
+	return s
+}
+
+// exactlyAckTxCommitAppliesBoth: the caller's write and the ack commit
+// together; nothing of either is seen before the commit.
+func exactlyAckTxCommitAppliesBoth(is *is.I, e *env) {
+	x := e.exactly()
+	e.effects()
+	e.publish("g", "g-0", 0)
+	l := e.claim("w", 0)
+	tx := e.begin()
+	e.effect(tx, l)
+	is.NoErr(x.AckTx(e.ctx(), tx, l))                                          // held
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages`), 1)            // not before the commit
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 0)                       // nor the write
+	is.NoErr(tx.Commit(e.ctx()))                                               // both at once
+	is.Equal(e.count(`SELECT count(*) FROM effects WHERE seq = $1`, l.Seq), 1) // the effect
+	m, g := e.rows()
+	is.Equal(m+g, 0) // and the ack: the group drained
+}
+
+// exactlyAckTxRollbackKeepsTheMessage: a rolled-back AckTx leaves the
+// message queued and the lease held as before: it can be acked again.
+func exactlyAckTxRollbackKeepsTheMessage(is *is.I, e *env) {
+	x := e.exactly()
+	e.effects()
+	e.publish("g", "g-0", 0)
+	e.publish("g", "g-1", 0)
+	l := e.claim("w", 0)
+	tx := e.begin()
+	e.effect(tx, l)
+	is.NoErr(x.AckTx(e.ctx(), tx, l))
+	is.NoErr(tx.Rollback(e.ctx()))
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 0)                                  // rolled back
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages WHERE seq = $1`, l.Seq), 1) // still queued
+	is.Equal(e.claim("other", 0), nil)                                                    // still held
+	tx = e.begin()
+	e.effect(tx, l)
+	is.NoErr(x.AckTx(e.ctx(), tx, l)) // acked again, and this time committed
+	is.NoErr(tx.Commit(e.ctx()))
+	next := e.claim("w", 0)
+	is.True(next != nil)
+	is.Equal(next.Event, "g-1") // the group goes on
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 1)
+}
+
+// exactlyAckTxOfALostLease: a holder whose lease lapsed and whose group
+// another worker took gets ErrLeaseLost inside its transaction; its
+// rollback leaves nothing, and the new holder's ack applies the message.
+func exactlyAckTxOfALostLease(is *is.I, e *env) {
+	x := e.exactly()
+	e.effects()
+	e.publish("g", "g-0", 0)
+	stale, err := e.tr.Claim(e.ctx(), "old", time.Second, 0)
+	is.NoErr(err)
+	e.clock.Advance(2 * time.Second) // the lease lapses
+	fresh := e.claim("new", 0)
+	is.Equal(fresh.Seq, stale.Seq) // the same message, handed out again
+
+	tx := e.begin()
+	e.effect(tx, stale)
+	err = x.AckTx(e.ctx(), tx, stale)
+	is.True(errors.Is(err, pgtransport.ErrLeaseLost)) // before the caller commits
+	is.NoErr(tx.Rollback(e.ctx()))
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 0) // nothing of the stale attempt
+
+	tx = e.begin()
+	e.effect(tx, fresh)
+	is.NoErr(x.AckTx(e.ctx(), tx, fresh))
+	is.NoErr(tx.Commit(e.ctx()))
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 1) // once
+}
+
+// exactlyStaleHolderCannotOverwriteState: AckStateTx is fenced: a stale
+// holder's state never lands, before or after the new holder's.
+func exactlyStaleHolderCannotOverwriteState(is *is.I, e *env) {
+	x := e.exactly()
+	e.publish("g", "g-0", 0)
+	e.publish("g", "g-1", 0)
+	l := e.claim("w", 0)
+	tx := e.begin()
+	is.NoErr(x.AckStateTx(e.ctx(), tx, l, []byte("s0")))
+	is.NoErr(tx.Commit(e.ctx()))
+	is.Equal(string(e.state("g")), "s0")
+
+	stale, err := e.tr.Claim(e.ctx(), "old", time.Second, 0)
+	is.NoErr(err)
+	is.Equal(stale.Event, "g-1")
+	e.clock.Advance(2 * time.Second)
+	fresh := e.claim("new", 0)
+	is.Equal(fresh.Seq, stale.Seq)
+
+	tx = e.begin()
+	got, err := x.StateTx(e.ctx(), tx, "g")
+	is.NoErr(err)
+	is.Equal(string(got), "s0") // read in the transaction
+	err = x.AckStateTx(e.ctx(), tx, stale, []byte("stale"))
+	is.True(errors.Is(err, pgtransport.ErrLeaseLost)) // fenced
+	is.NoErr(tx.Commit(e.ctx()))                      // even a caller that commits anyway writes nothing
+	is.Equal(string(e.state("g")), "s0")
+
+	tx = e.begin()
+	is.NoErr(x.AckStateTx(e.ctx(), tx, fresh, []byte("s1")))
+	is.NoErr(tx.Commit(e.ctx()))
+	is.Equal(string(e.state("g")), "") // drained, and no retention: the state went with the row
+
+	// A state equal to the stored one, and nil, which clears it.
+	e.publish("h", "h-0", 0)
+	e.publish("h", "h-1", 0)
+	e.publish("h", "h-2", 0)
+	for i, s := range []string{"same", "same", ""} {
+		l := e.claim("w", 0)
+		is.Equal(l.Event, fmt.Sprint("h-", i))
+		tx = e.begin()
+		var state []byte
+		if s != "" {
+			state = []byte(s)
+		}
+		is.NoErr(x.AckStateTx(e.ctx(), tx, l, state))
+		is.NoErr(tx.Commit(e.ctx()))
+		if i < 2 {
+			is.Equal(string(e.state("h")), s)
+		}
+	}
+}
+
+// exactlyStateTooLargeWritesNothing: a state over MaxStateSize is
+// refused before the round-trip (the caller's transaction still usable),
+// and the function refuses it too (PT008), writing nothing.
+func exactlyStateTooLargeWritesNothing(is *is.I, e *env) {
+	x := e.exactly()
+	e.publish("g", "g-0", 0)
+	l := e.claim("w", 0)
+	tx := e.begin()
+	err := x.AckStateTx(e.ctx(), tx, l, make([]byte, pgtransport.MaxStateSize+1))
+	is.True(errors.Is(err, pgtransport.ErrStateTooLarge))
+	is.NoErr(tx.Commit(e.ctx()))                                    // the transaction is still usable
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages`), 1) // not acked
+	is.Equal(e.state("g"), nil)                                     // no state
+
+	// The plain-SQL form refuses it with PT008.
+	_, err = e.db.Pool.Exec(e.ctx(), `SELECT harel_ack_state($1, $2, $3, NULL, $4)`,
+		l.Group, l.Seq, l.Token, make([]byte, pgtransport.MaxStateSize+1))
+	var pgErr *pgconn.PgError
+	is.True(errors.As(err, &pgErr))
+	is.Equal(pgErr.Code, "PT008")
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages`), 1) // nothing written
+	is.Equal(e.state("g"), nil)
+
+	tx = e.begin()
+	is.NoErr(x.AckStateTx(e.ctx(), tx, l, make([]byte, pgtransport.MaxStateSize))) // the limit itself
+	is.NoErr(tx.Rollback(e.ctx()))
+}
+
+// exactlyStateRetention: with StateRetention the state of a drained group
+// is kept (and found by the group's next messages, until their first
+// state write replaces it) and gone once the retention ends; without it,
+// it goes with the group row.
+func exactlyStateRetention(is *is.I, e *env) {
+	x := e.exactly()
+	settle := func(l *pgtransport.Lease, state string) {
+		e.t.Helper()
+		tx := e.begin()
+		is.NoErr(x.AckStateTx(e.ctx(), tx, l, []byte(state)))
+		is.NoErr(tx.Commit(e.ctx()))
+	}
+	e.publish("none", "none-0", 0)
+	settle(e.claim("w", 0), "n")
+	is.Equal(e.state("none"), nil) // no retention (a new queue's)
+
+	e.with(pgtransport.Config{StateRetention: time.Second}) // the queue's, for every transport
+	e.publish("g", "g-0", 0)
+	settle(e.claim("w", 0), "s0")
+	m, g := e.rows()
+	is.Equal(m+g, 0)                     // drained: the row is gone
+	is.Equal(string(e.state("g")), "s0") // and the state kept
+
+	e.publish("g", "g-1", 0) // back: a fresh row finds the kept state
+	l := e.claim("w", 0)
+	tx := e.begin()
+	got, err := x.StateTx(e.ctx(), tx, "g")
+	is.NoErr(err)
+	is.Equal(string(got), "s0")
+	is.NoErr(x.AckStateTx(e.ctx(), tx, l, []byte("s1")))
+	is.NoErr(tx.Commit(e.ctx()))
+	is.Equal(string(e.state("g")), "s1") // the new state, kept in turn
+
+	e.until("the kept state expires", func() bool { return e.state("g") == nil })
+	is.Equal(e.count(`SELECT count(*) FROM transport_kept_states WHERE keep_until > extract(epoch FROM clock_timestamp())`), 0)
+}
+
+// exactlyStatePlainSQL: the state a plain-SQL client reads (harel_state)
+// is the one the Go call reads.
+func exactlyStatePlainSQL(is *is.I, e *env) {
+	x := e.exactly()
+	e.publish("g", "g-0", 0)
+	e.publish("g", "g-1", 0)
+	l := e.claim("w", 0)
+	want := []byte{0, 1, 2, 0xff, 'x'}
+	tx := e.begin()
+	is.NoErr(x.AckStateTx(e.ctx(), tx, l, want))
+	is.NoErr(tx.Commit(e.ctx()))
+	var plain []byte
+	is.NoErr(e.db.Pool.QueryRow(e.ctx(), `SELECT harel_state($1)`, "g").Scan(&plain))
+	is.True(bytes.Equal(plain, want))
+	is.True(bytes.Equal(e.state("g"), want))
+	var none []byte
+	is.NoErr(e.db.Pool.QueryRow(e.ctx(), `SELECT harel_state($1)`, "nobody").Scan(&none))
+	is.Equal(none, nil)
+	is.Equal(e.state("nobody"), nil)
+}
+
+// exactlyWorkTxFoldsInOrder: WorkTx applies each message once, in order
+// per group, its state the fold of the group's events; a handler error
+// rolls its writes back and fails the attempt, which is retried.
+func exactlyWorkTxFoldsInOrder(is *is.I, e *env) {
+	x := e.exactly()
+	e.effects()
+	e.with(pgtransport.Config{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond, StateRetention: time.Hour})
+	const groups, per = 3, 5
+	for i := range per {
+		for g := range groups {
+			e.publish(fmt.Sprint("acct-", g), strconv.Itoa(10*g+i), 0)
+		}
+	}
+	var failed atomic.Bool
+	ctx, cancel := context.WithCancel(e.ctx())
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() {
+		errs <- x.WorkTx(ctx, pgtransport.WorkerConfig{WorkerID: "tx", Concurrency: 2, ShutdownTimeout: time.Second},
+			func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO effects (group_id, seq) VALUES ($1, $2)`, l.Group, l.Seq); err != nil {
+					return nil, err
+				}
+				if l.Group == "acct-1" && failed.CompareAndSwap(false, true) {
+					return nil, errors.New("once")
+				}
+				sum, _ := strconv.Atoi(string(state))
+				n, err := strconv.Atoi(l.Event)
+				if err != nil {
+					return nil, err
+				}
+				return []byte(strconv.Itoa(sum + n)), nil
+			})
+	}()
+	e.until("every message is handled", func() bool {
+		e.clock.Advance(10 * time.Millisecond) // the case's clock: the failed attempt's backoff ends
+		return e.count(`SELECT count(*) FROM transport_messages`) == 0
+	})
+	cancel()
+	is.NoErr(<-errs)
+	is.Equal(e.count(`SELECT count(*) FROM effects`), groups*per)                                                                                                    // each once: the failed attempt's write rolled back
+	is.Equal(e.count(`SELECT count(*) FROM (SELECT group_id, seq, id < lag(id) OVER (PARTITION BY group_id ORDER BY seq) AS back FROM effects) AS x WHERE back`), 0) // in order
+	is.True(failed.Load())
+	for g := range groups {
+		sum := 0
+		for i := range per {
+			sum += 10*g + i
+		}
+		is.Equal(string(e.state(fmt.Sprint("acct-", g))), strconv.Itoa(sum)) // the fold, kept after the drain
+	}
+}

@@ -1,0 +1,136 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgtransport/pgtransport"
+)
+
+// TxFeed is a Feed whose leases a transactional handler (WorkTx) settles
+// inside its own transaction.
+type TxFeed interface {
+	Feed
+	// Begin starts a handler's transaction.
+	Begin(ctx context.Context) (pgx.Tx, error)
+	// StateTx reads group's state in tx.
+	StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error)
+	// AckStateTx acks l in tx and saves state as its group's: nil, or
+	// ErrLeaseLost (nothing written; the feed no longer counts l), or an
+	// error after which nothing was written and l holds as before.
+	AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) error
+	// Settled is told that the ack of l committed.
+	Settled(l *pgtransport.Lease)
+}
+
+// CheckTx is Check for a transactional handler.
+func CheckTx(cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) (pgtransport.WorkerConfig, error) {
+	if h == nil {
+		return cfg, fmt.Errorf("work: %w: nil handler", pgtransport.ErrInvalidConfig)
+	}
+	return checkConfig(cfg)
+}
+
+// RunTx is Run for a transactional handler: each message is handled in a
+// transaction of its own, which the runtime begins, reads the group's
+// state in, passes to h and, when h returns nil, acks the message and
+// saves h's new state in, then commits. The heartbeats, the lapse timers,
+// the shutdown and the failures are Run's. A lease found lost while h ran
+// has its transaction rolled back. The ack runs after the lease has left
+// the heartbeat's set, so the row lock it takes until the commit never
+// holds up a heartbeat's extend of the other leases.
+func RunTx(ctx context.Context, cfg Config, feed TxFeed, h pgtransport.TxHandler) error {
+	return runWith(ctx, cfg, feed, nil, &txMode{feed: feed, h: h})
+}
+
+// txMode is RunTx's part of a runtime.
+type txMode struct {
+	feed TxFeed
+	h    pgtransport.TxHandler
+}
+
+// openTx is a handler's transaction, open after the handler returned nil,
+// and the state it returned.
+type openTx struct {
+	tx    pgx.Tx
+	state []byte
+}
+
+// rollbackTimeout bounds a rollback, which runs whatever the ctx.
+const rollbackTimeout = 5 * time.Second
+
+// rollback rolls o's transaction back; nothing if o is nil. A rollback
+// that fails leaves nothing applied either: the server rolls back a
+// transaction whose connection is gone.
+func (o *openTx) rollback(base context.Context) {
+	if o == nil {
+		return
+	}
+	rollback(base, o.tx)
+}
+
+func rollback(base context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(base), rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+// call begins l's transaction, reads its group's state and runs the
+// handler: the transaction still open when it returned nil, else rolled
+// back (on a panic too) and the error.
+func (m *txMode) call(ctx context.Context, l *pgtransport.Lease) (_ *openTx, err error) {
+	tx, err := m.feed.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	open := false
+	defer func() {
+		if !open {
+			rollback(ctx, tx)
+		}
+	}()
+	state, err := m.feed.StateTx(ctx, tx, l.Group)
+	if err != nil {
+		return nil, err
+	}
+	next, err := m.h(ctx, tx, l, state)
+	if err != nil {
+		return nil, err
+	}
+	open = true
+	return &openTx{tx: tx, state: next}, nil
+}
+
+// commit acks l in its open transaction, saving the handler's new state,
+// and commits. A lost lease rolls back (the core has logged it); an ack the
+// database refused, or a commit that did not apply (a deferred constraint,
+// a serialization failure, a transaction the handler left aborted),
+// rolls back and fails the attempt; a commit whose reply was lost is
+// logged: the message was acked if and only if the handler's writes
+// committed, and otherwise it comes back after its lease.
+func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) {
+	m := r.tx
+	if err := m.feed.AckStateTx(ctx, o.tx, l, o.state); err != nil {
+		o.rollback(r.base)
+		if !errors.Is(err, pgtransport.ErrLeaseLost) {
+			r.fail(ctx, l, err)
+		}
+		return
+	}
+	err := o.tx.Commit(ctx)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		m.feed.Settled(l)
+	case errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback):
+		r.fail(ctx, l, err)
+	default:
+		r.log.Warn("pgtransport: commit's outcome unknown; the message was acked if and only if the handler's writes committed, else it is handled again",
+			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)
+	}
+}
