@@ -24,6 +24,10 @@ import (
 // they did not. Read your own writes, or let the redelivery decide: a
 // redelivered message's handler finds its effect absent and applies it.
 //
+// tx must be READ COMMITTED (PostgreSQL's default): under REPEATABLE READ
+// or SERIALIZABLE the ack fails with a serialization error whenever the
+// lease was extended after tx's snapshot was taken.
+//
 // The group row stays locked from AckTx until tx ends: commit soon after.
 // It wakes no ClaimWait caller (the group is freed only at the commit).
 func (t *Transport) AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) error {

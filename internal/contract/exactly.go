@@ -318,7 +318,9 @@ func exactlyWorkTxFoldsInOrder(is *is.I, e *env) {
 	go func() {
 		errs <- x.WorkTx(ctx, pgtransport.WorkerConfig{WorkerID: "tx", Concurrency: 2, ShutdownTimeout: time.Second},
 			func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
-				if _, err := tx.Exec(ctx, `INSERT INTO effects (group_id, seq) VALUES ($1, $2)`, l.Group, l.Seq); err != nil {
+				// Qualified: through a transaction-mode pooler the
+				// transport's connections carry no search_path.
+				if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{e.db.Schema, "effects"}.Sanitize()+` (group_id, seq) VALUES ($1, $2)`, l.Group, l.Seq); err != nil {
 					return nil, err
 				}
 				if l.Group == "acct-1" && failed.CompareAndSwap(false, true) {

@@ -89,10 +89,23 @@ func (c *Core) StateTx(ctx context.Context, db DBTX, group string) ([]byte, erro
 	return state, nil
 }
 
-// Begin starts a transaction on the core's handle (a savepoint, on a
-// core opened on a pgx.Tx).
+// Begin starts a READ COMMITTED transaction on the core's handle (a
+// savepoint, on a core opened on a pgx.Tx), whatever the server's
+// default_transaction_isolation: under REPEATABLE READ or SERIALIZABLE the
+// ack's write of the group row fails (40001) whenever a heartbeat extended
+// the lease after the transaction's snapshot was taken.
 func (c *Core) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := c.db.Begin(ctx)
+	var (
+		tx  pgx.Tx
+		err error
+	)
+	if b, ok := c.db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		tx, err = b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	} else {
+		tx, err = c.db.Begin(ctx)
+	}
 	if err != nil {
 		return nil, mapErr("begin", err)
 	}

@@ -76,9 +76,10 @@ DROP INDEX IF EXISTS transport_groups_round_robin;
 
 -- Where a claim starts its walks: the never-served rows' floor (an
 -- arrival), and in epoch milliseconds the free rows' floor, the held
--- rows' floor, and when a claim last walked them all from the front. Sequences, not a row: a sequence is one value written in place,
--- so reading it does not slow down while an old snapshot keeps vacuum from
--- removing row versions. Hints only: any values give the same leases.
+-- rows' floor, and when a claim last walked them all from the front.
+-- Sequences, not a row: a sequence is one value written in place, so
+-- reading it does not slow down while an old snapshot keeps vacuum from
+-- removing row versions. Each is kept a margin behind what a claim found.
 CREATE SEQUENCE IF NOT EXISTS transport_claim_new AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE IF NOT EXISTS transport_claim_floor AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE IF NOT EXISTS transport_claim_held AS BIGINT MINVALUE 0 START 0;

@@ -380,9 +380,10 @@ DROP INDEX IF EXISTS transport_groups_round_robin;
 
 -- Where a claim starts its walks: the never-served rows' floor (an
 -- arrival), and in epoch milliseconds the free rows' floor, the held
--- rows' floor, and when a claim last walked them all from the front. Sequences, not a row: a sequence is one value written in place,
--- so reading it does not slow down while an old snapshot keeps vacuum from
--- removing row versions. Hints only: any values give the same leases.
+-- rows' floor, and when a claim last walked them all from the front.
+-- Sequences, not a row: a sequence is one value written in place, so
+-- reading it does not slow down while an old snapshot keeps vacuum from
+-- removing row versions. Each is kept a margin behind what a claim found.
 CREATE SEQUENCE IF NOT EXISTS transport_claim_new AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE IF NOT EXISTS transport_claim_floor AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE IF NOT EXISTS transport_claim_held AS BIGINT MINVALUE 0 START 0;
@@ -700,9 +701,9 @@ $$;
 -- those it passes so the next skips them, but neither can while some
 -- other session holds a snapshot older than them (an hour-long report, a
 -- transaction left open). With one round-robin index over every row, a
--- claim then walked every entry written since that snapshot began: after
--- one minute at 10,000 messages a second, a claim of 64 groups walked
--- 81,000 buffers and took 120 ms; acked leases' entries (at their
+-- claim then walked every entry written since that snapshot began: a
+-- minute into the async benchmark's load, a claim of 64 groups read 24,000
+-- to 81,000 buffers and took 120-360 ms; acked leases' entries (at their
 -- lease's end) joined the free rows' range once that end passed; and in a
 -- queue whose groups come and go, every group row ever created left an
 -- entry among the never-served rows. So:
@@ -743,15 +744,23 @@ $$;
 --      when that walk filled the batch;
 --   3. only if 1 and 2 found nothing: both walks from the front, so that
 --      a claim never comes back empty while anything is claimable.
--- A row sits below a floor only when a claim or an ack that locked it
--- rolled back, or a client's clock ran far behind the others'; a resume
--- moves a paused group's key up to its floor. Under a busy queue such a row would wait
--- for 3, so every 30 s (transport_claim_sweep: when the last such walk
--- began) one claim walks from the front instead. Only claims that admit
--- every priority move a floor (one with a priority floor sees some rows
--- only), and only forward by 50 ms or more, so each is written about 20
--- times a second at most. The floors are hints: any value gives the same
--- leases, a wrong one only a longer walk. They are read and written inline
+-- Key order is not the order rows become claimable: a free row's key is
+-- its ack's now, but it is seen at the ack's commit (a stream frees rows
+-- and then claims in one transaction; AckTx frees at the caller's
+-- commit); an arrival is numbered at insert, seen at the publish's commit;
+-- a row another claim locked and did not take is skipped (SKIP LOCKED).
+-- So each floor is kept a margin behind what a claim found: 1 s for free
+-- and held rows (and never past now less 1 s), 4,096 arrivals for
+-- never-served ones. A row still left below a floor (a transaction that
+-- committed later than that, or rolled back after locking it; a client
+-- clock far behind the others') waits for 3, or for a walk from the front,
+-- which one claim that admits every priority does every 30 s
+-- (transport_claim_sweep: when the last one began), resetting the floors
+-- to what it found; a resume moves a paused group up to its floor. Only
+-- claims that admit every priority move a floor (one with a priority
+-- floor sees some rows only), and only forward by 50 ms (256 arrivals) or
+-- more, so each is written about 20 times a second at most. A floor set
+-- too low costs a longer walk; too high, a row below it waits as above. They are read and written inline
 -- in harel_claim_one and harel_claim_leases: a helper function would pin
 -- its settings and cost every claim more nested calls.
 
@@ -892,7 +901,7 @@ BEGIN
     SELECT n.last_value, f.last_value / 1000.0, h.last_value / 1000.0, p_now * 1000 - s.last_value BETWEEN 0 AND 30000
       INTO v_afrom, v_from, v_hfrom, v_recent
       FROM transport_claim_new AS n, transport_claim_floor AS f, transport_claim_held AS h, transport_claim_sweep AS s;
-    IF NOT v_recent THEN
+    IF NOT v_recent AND p_min_priority <= 0 THEN
         PERFORM setval('transport_claim_sweep', GREATEST(floor(p_now * 1000), 0)::BIGINT);
         v_afrom := 0;
         v_from := 0;
@@ -918,6 +927,7 @@ BEGIN
         FOR v_pass IN 1..3 LOOP
             EXIT WHEN v_group IS NOT NULL OR (v_pass = 3 AND v_afrom = 0 AND v_from = 0 AND v_hfrom = 0);
             IF v_pass = 1 THEN
+                CONTINUE WHEN v_from = 0 AND v_hfrom = 0;  -- a walk from the front: 2 covers never-served rows too
                 SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.arrival, 0) INTO v_group, v_dseq, v_att, v_arr
                   FROM transport_groups AS c
                  WHERE c.locked_by IS NULL AND COALESCE(c.lock_expiry, 0) = 0 AND COALESCE(c.arrival, 0) >= v_afrom
@@ -926,8 +936,8 @@ BEGIN
                  ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
                  LIMIT 1
                    FOR NO KEY UPDATE SKIP LOCKED;
-                IF p_min_priority <= 0 AND v_arr >= v_afrom + 256 THEN
-                    PERFORM setval('transport_claim_new', v_arr);
+                IF p_min_priority <= 0 AND v_arr - 4096 >= v_afrom + 256 THEN
+                    PERFORM setval('transport_claim_new', v_arr - 4096);
                 END IF;
                 CONTINUE;
             END IF;
@@ -940,12 +950,14 @@ BEGIN
              ORDER BY c.lock_expiry, c.group_id
              LIMIT 1
                FOR NO KEY UPDATE SKIP LOCKED;
-            -- The held floor: where this walk stopped, or now if it found none.
-            IF p_min_priority <= 0 AND COALESCE(v_hkey, p_now) >= v_hfrom + 0.05 THEN
-                PERFORM setval('transport_claim_held', floor(COALESCE(v_hkey, p_now) * 1000)::BIGINT);
+            -- The held floor: where this walk stopped, or now if it found
+            -- none, a margin behind (see "The floor" above).
+            IF p_min_priority <= 0 AND LEAST(COALESCE(v_hkey, p_now), p_now - 1) >= v_hfrom + 0.05 THEN
+                PERFORM setval('transport_claim_held', floor(LEAST(COALESCE(v_hkey, p_now), p_now - 1) * 1000)::BIGINT);
             END IF;
             -- A free row wins if its key is not above the held row's.
-            SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0) INTO v_group, v_dseq, v_att, v_key
+            SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0)
+              INTO v_group, v_dseq, v_att, v_key, v_arr
               FROM transport_groups AS c
              WHERE c.locked_by IS NULL
                AND COALESCE(c.lock_expiry, 0) BETWEEN CASE WHEN v_pass = 2 THEN v_from ELSE 0 END AND COALESCE(v_hkey, 'Infinity')
@@ -956,8 +968,14 @@ BEGIN
                FOR NO KEY UPDATE SKIP LOCKED;
             IF v_group IS NULL THEN
                 v_group := v_hgroup; v_dseq := v_hdseq; v_att := v_hatt;
-            ELSIF p_min_priority <= 0 AND v_pass = 2 AND v_key >= v_from + 0.05 THEN
-                PERFORM setval('transport_claim_floor', floor(v_key * 1000)::BIGINT);
+            ELSIF p_min_priority > 0 OR v_pass = 3 THEN
+                NULL;  -- floors move only on what every priority sees, from the floors
+            ELSIF v_key > 0 AND (v_key - 1 >= v_from + 0.05 OR v_from = 0) THEN
+                -- The free rows' floor, a margin behind (a walk from the
+                -- front may lower it to a row that was left below).
+                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 1, 0) * 1000)::BIGINT);
+            ELSIF v_key = 0 AND v_from = 0 THEN
+                PERFORM setval('transport_claim_new', GREATEST(v_arr - 4096, 0));
             END IF;
         END LOOP;
         IF v_group IS NULL THEN
@@ -1109,7 +1127,7 @@ BEGIN
     SELECT n.last_value, f.last_value / 1000.0, h.last_value / 1000.0, p_now * 1000 - s.last_value BETWEEN 0 AND 30000
       INTO v_afrom, v_from, v_hfrom, v_recent
       FROM transport_claim_new AS n, transport_claim_floor AS f, transport_claim_held AS h, transport_claim_sweep AS s;
-    IF NOT v_recent THEN
+    IF NOT v_recent AND p_min_priority <= 0 THEN
         PERFORM setval('transport_claim_sweep', GREATEST(floor(p_now * 1000), 0)::BIGINT);
         v_afrom := 0;
         v_from := 0;
@@ -1135,6 +1153,7 @@ BEGIN
         v_n := COALESCE(cardinality(v_groups), 0);
         EXIT WHEN v_n >= p_limit OR (v_pass = 3 AND (v_n > 0 OR (v_afrom = 0 AND v_from = 0 AND v_hfrom = 0)));
         IF v_pass = 1 THEN
+            CONTINUE WHEN v_from = 0 AND v_hfrom = 0;  -- a walk from the front: 2 covers never-served rows too
             SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
                    COALESCE(v_atts, '{}') || array_agg(c.attempts), min(c.a)
               INTO v_groups, v_dseqs, v_atts, v_arr
@@ -1146,8 +1165,8 @@ BEGIN
                      ORDER BY COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0), c.group_id
                      LIMIT p_limit - v_n
                        FOR NO KEY UPDATE SKIP LOCKED) AS c;
-            IF p_min_priority <= 0 AND v_arr >= v_afrom + 256 THEN
-                PERFORM setval('transport_claim_new', v_arr);
+            IF p_min_priority <= 0 AND v_arr - 4096 >= v_afrom + 256 THEN
+                PERFORM setval('transport_claim_new', v_arr - 4096);
             END IF;
             CONTINUE;
         END IF;
@@ -1166,9 +1185,9 @@ BEGIN
         -- Free rows, up to the last held row's key when the held walk
         -- filled the batch (one with a higher key would lose to it).
         SELECT array_agg(c.group_id), array_agg(c.delivered_seq), array_agg(c.attempts), array_agg(c.k),
-               min(c.k) FILTER (WHERE c.k > 0)
-          INTO v_fgroups, v_fdseqs, v_fatts, v_fkeys, v_key
-          FROM (SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0) AS k
+               min(c.k) FILTER (WHERE c.k > 0), min(c.a) FILTER (WHERE c.k = 0)
+          INTO v_fgroups, v_fdseqs, v_fatts, v_fkeys, v_key, v_arr
+          FROM (SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0) AS k, COALESCE(c.arrival, 0) AS a
                   FROM transport_groups AS c
                  WHERE c.locked_by IS NULL
                    AND COALESCE(c.lock_expiry, 0) BETWEEN CASE WHEN v_pass = 2 THEN v_from ELSE 0 END
@@ -1189,17 +1208,24 @@ BEGIN
                         SELECT f.g, f.d, f.a, f.k, 0 FROM unnest(v_fgroups, v_fdseqs, v_fatts, v_fkeys) AS f(g, d, a, k)) AS x
                  ORDER BY x.k, x.src, x.g
                  LIMIT p_limit - v_n) AS u;
-        IF p_min_priority <= 0 THEN
-            -- The held floor: the lowest held row found and not taken, else
-            -- now if the walk found every such row, else where it stopped.
-            SELECT COALESCE(min(h.k), CASE WHEN v_found < p_limit - v_n THEN p_now ELSE v_hkeys[v_found] END) INTO v_hkey
+        IF p_min_priority <= 0 AND v_pass = 2 THEN
+            -- The floors, a margin behind (see "The floor" above). Held:
+            -- the lowest held row found and not taken, else now if the walk
+            -- found every such row, else where it stopped. Free: the lowest
+            -- key found (a walk from the front may lower it, or the
+            -- never-served rows' floor, to a row that was left below).
+            SELECT LEAST(COALESCE(min(h.k), CASE WHEN v_found < p_limit - v_n THEN p_now ELSE v_hkeys[v_found] END), p_now - 1)
+              INTO v_hkey
               FROM unnest(v_hgroups, v_hkeys) AS h(g, k)
              WHERE h.g <> ALL (v_groups);
             IF v_hkey >= v_hfrom + 0.05 THEN
                 PERFORM setval('transport_claim_held', floor(v_hkey * 1000)::BIGINT);
             END IF;
-            IF v_pass = 2 AND v_key >= v_from + 0.05 THEN
-                PERFORM setval('transport_claim_floor', floor(v_key * 1000)::BIGINT);
+            IF v_key - 1 >= v_from + 0.05 OR (v_from = 0 AND v_key > 0) THEN
+                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 1, 0) * 1000)::BIGINT);
+            END IF;
+            IF v_from = 0 AND v_arr IS NOT NULL THEN
+                PERFORM setval('transport_claim_new', GREATEST(v_arr - 4096, 0));
             END IF;
         END IF;
     END LOOP;
@@ -2504,7 +2530,10 @@ BEGIN
                                    THEN GREATEST(g.lock_expiry, (SELECT f.last_value / 1000.0 FROM transport_claim_floor AS f))
                               WHEN g.locked_by <> ''
                                    THEN GREATEST(g.lock_expiry, (SELECT h.last_value / 1000.0 FROM transport_claim_held AS h))
-                              ELSE g.lock_expiry END
+                              ELSE g.lock_expiry END,
+           arrival = CASE WHEN g.locked_by IS NULL AND g.lock_expiry IS NULL
+                               THEN GREATEST(COALESCE(g.arrival, 0), (SELECT a.last_value FROM transport_claim_new AS a))
+                          ELSE g.arrival END
      WHERE g.group_id = p_group;
     -- Drained while paused: the row goes now (as an ack's would have),
     -- through the lost-publish guard.
@@ -3058,7 +3087,7 @@ CREATE TRIGGER transport_groups_wake
     FOR EACH STATEMENT EXECUTE FUNCTION harel_wake();
 
 -- harel_wait records p_waiter (unless NULL) as idle for p_ttl seconds
--- (server clock) and returns the earliest lock_expiry after p_now of a leased or parked group
+-- (server clock) and returns the earliest lock_expiry after p_now of a leased, parked or failed group
 -- at or above p_min_priority (NULL if none): when the consumer must look
 -- again even if no notification comes. It also clears rows of consumers
 -- that stopped refreshing a minute ago.
