@@ -1,8 +1,9 @@
 package async
 
-// ListenerPID is the server process of the Transport's listening
-// connection, or 0 when it has none (for tests that kill it).
-func (t *Transport) ListenerPID() uint32 {
+// ListenerPID is the server process of t's listening connection, or 0
+// when it has none (for tests that kill it). A function, not a method:
+// the Transport's methods mirror sync.Transport's (TestMirrorsSync).
+func ListenerPID(t *Transport) uint32 {
 	if t.listener == nil {
 		return 0
 	}

@@ -278,7 +278,7 @@ func TestListenerKilled(t *testing.T) {
 			}
 			// The listener's own backend: its last statement may be the
 			// LISTEN of its probe channel rather than of ours.
-			pid := tr.ListenerPID()
+			pid := async.ListenerPID(tr)
 			if pid == 0 {
 				continue // reconnecting
 			}

@@ -357,8 +357,8 @@ $$;
 -- and then claims in one transaction; AckTx frees at the caller's
 -- commit); an arrival is numbered at insert, seen at the publish's commit;
 -- a row another claim locked and did not take is skipped (SKIP LOCKED).
--- So each floor is kept a margin behind what a claim found: 1 s for free
--- and held rows (and never past now less 1 s), 4,096 arrivals for
+-- So each floor is kept a margin behind what a claim found: 0.5 s for free
+-- and held rows (and never past now less 0.5 s), 4,096 arrivals for
 -- never-served ones. A row still left below a floor (a transaction that
 -- committed later than that, or rolled back after locking it; a client
 -- clock far behind the others') waits for 3, or for a walk from the front,
@@ -560,8 +560,8 @@ BEGIN
                FOR NO KEY UPDATE SKIP LOCKED;
             -- The held floor: where this walk stopped, or now if it found
             -- none, a margin behind (see "The floor" above).
-            IF p_min_priority <= 0 AND LEAST(COALESCE(v_hkey, p_now), p_now - 1) >= v_hfrom + 0.05 THEN
-                PERFORM setval('transport_claim_held', floor(LEAST(COALESCE(v_hkey, p_now), p_now - 1) * 1000)::BIGINT);
+            IF p_min_priority <= 0 AND LEAST(COALESCE(v_hkey, p_now), p_now - 0.5) >= v_hfrom + 0.05 THEN
+                PERFORM setval('transport_claim_held', floor(LEAST(COALESCE(v_hkey, p_now), p_now - 0.5) * 1000)::BIGINT);
             END IF;
             -- A free row wins if its key is not above the held row's.
             SELECT c.group_id, c.delivered_seq, c.attempts, COALESCE(c.lock_expiry, 0), COALESCE(c.arrival, 0)
@@ -578,10 +578,10 @@ BEGIN
                 v_group := v_hgroup; v_dseq := v_hdseq; v_att := v_hatt;
             ELSIF p_min_priority > 0 OR v_pass = 3 THEN
                 NULL;  -- floors move only on what every priority sees, from the floors
-            ELSIF v_key > 0 AND (v_key - 1 >= v_from + 0.05 OR v_from = 0) THEN
+            ELSIF v_key > 0 AND (v_key - 0.5 >= v_from + 0.05 OR v_from = 0) THEN
                 -- The free rows' floor, a margin behind (a walk from the
                 -- front may lower it to a row that was left below).
-                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 1, 0) * 1000)::BIGINT);
+                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 0.5, 0) * 1000)::BIGINT);
             ELSIF v_key = 0 AND v_from = 0 THEN
                 PERFORM setval('transport_claim_new', GREATEST(v_arr - 4096, 0));
             END IF;
@@ -822,15 +822,15 @@ BEGIN
             -- found every such row, else where it stopped. Free: the lowest
             -- key found (a walk from the front may lower it, or the
             -- never-served rows' floor, to a row that was left below).
-            SELECT LEAST(COALESCE(min(h.k), CASE WHEN v_found < p_limit - v_n THEN p_now ELSE v_hkeys[v_found] END), p_now - 1)
+            SELECT LEAST(COALESCE(min(h.k), CASE WHEN v_found < p_limit - v_n THEN p_now ELSE v_hkeys[v_found] END), p_now - 0.5)
               INTO v_hkey
               FROM unnest(v_hgroups, v_hkeys) AS h(g, k)
              WHERE h.g <> ALL (v_groups);
             IF v_hkey >= v_hfrom + 0.05 THEN
                 PERFORM setval('transport_claim_held', floor(v_hkey * 1000)::BIGINT);
             END IF;
-            IF v_key - 1 >= v_from + 0.05 OR (v_from = 0 AND v_key > 0) THEN
-                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 1, 0) * 1000)::BIGINT);
+            IF v_key - 0.5 >= v_from + 0.05 OR (v_from = 0 AND v_key > 0) THEN
+                PERFORM setval('transport_claim_floor', floor(GREATEST(v_key - 0.5, 0) * 1000)::BIGINT);
             END IF;
             IF v_from = 0 AND v_arr IS NOT NULL THEN
                 PERFORM setval('transport_claim_new', GREATEST(v_arr - 4096, 0));
