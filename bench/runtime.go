@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
 	"github.com/pgtransport/pgtransport/internal/pgtest"
@@ -27,13 +25,7 @@ import (
 //   - sync-work: sync.Transport.Work, Concurrency 16;
 //   - async-work: async.Transport.Work, Concurrency 64;
 //   - river: River, 64 workers running no-op jobs (a handler too: the goal
-//     is async-work at 2x it or more);
-//   - the transactional handler (issue 19), each handler inserting one row:
-//     sync-worktx (WorkTx, Concurrency 16) and async-worktx (64), whose
-//     insert commits with the ack and the group's state (one commit a
-//     message), against sync-work-insert and async-work-insert, Work at the
-//     same concurrency whose handler inserts the row in a commit of its own
-//     before the ack's (two a message).
+//     is async-work at 2x it or more).
 //
 // The runtimes count a message when its handler returns, and their run
 // ends when Work has returned (its shutdown: handlers finished, the last
@@ -64,9 +56,7 @@ func (r *runner) runtime(ctx context.Context) error {
 	for _, c := range []struct {
 		system  string
 		workers int
-	}{{"sync", runtimeSyncWorkers}, {"sync-work", runtimeSyncWorkers}, {"async-work", runtimeAsyncConc},
-		{"sync-work-insert", runtimeSyncWorkers}, {"sync-worktx", runtimeSyncWorkers},
-		{"async-work-insert", runtimeAsyncConc}, {"async-worktx", runtimeAsyncConc}} {
+	}{{"sync", runtimeSyncWorkers}, {"sync-work", runtimeSyncWorkers}, {"async-work", runtimeAsyncConc}} {
 		d, db, err := openDrainer(ctx, c.system, c.workers)
 		if err != nil {
 			if db != nil {
@@ -95,26 +85,9 @@ func (r *runner) runtime(ctx context.Context) error {
 	}
 	jobs := int(min(max(1000/pilot.Seconds()*r.s.window.Seconds(), 500), 200_000))
 	river := result{suite: "runtime", system: "river", workers: runtimeRiver, unit: "jobs/s"}
-	// Before each run the other systems' pools close their idle
-	// connections: the transactional runtimes hold one per busy slot (64
-	// for async-worktx), and together with the others' idle ones they
-	// would pass the server's max_connections (100 by default).
-	only := func(keep *pgtest.DB) {
-		for _, db := range append([]*pgtest.DB{commitDB, rb.db}, func() (dbs []*pgtest.DB) {
-			for _, c := range cases {
-				dbs = append(dbs, c.db)
-			}
-			return dbs
-		}()...) {
-			if db != keep {
-				db.Pool.Reset()
-			}
-		}
-	}
 
 	for run := range r.s.runs {
 		r.progress("runtime    postgres   16 clients, single-row inserts, run %d/%d", run+1, r.s.runs)
-		only(commitDB)
 		rate, cpu, err := r.commitsOnce(ctx, commitDB)
 		if err != nil {
 			return err
@@ -123,7 +96,6 @@ func (r *runner) runtime(ctx context.Context) error {
 		commits.addCPU(cpu)
 		for _, c := range cases {
 			r.progress("runtime    %-10s workers=%-4d groups=%-6d run %d/%d", c.system, c.workers, runtimeGroups, run+1, r.s.runs)
-			only(c.db)
 			rate, cpu, err := r.drainOnce(ctx, c.d, c.db, c.workers, runtimeGroups)
 			if err != nil {
 				return fmt.Errorf("runtime %s: %w", c.system, err)
@@ -132,7 +104,6 @@ func (r *runner) runtime(ctx context.Context) error {
 			c.res.addCPU(cpu)
 		}
 		r.progress("runtime    river      workers=%-4d jobs=%d run %d/%d", runtimeRiver, jobs, run+1, r.s.runs)
-		only(rb.db)
 		elapsed, cpu, err := rb.run(ctx, runtimeRiver, jobs)
 		if err != nil {
 			return err
@@ -168,75 +139,10 @@ func (d workDrainer) drain(ctx context.Context, workers int, stop <-chan struct{
 	})
 }
 
-// txWorkDrainer runs a transport's transactional runtime (WorkTx) whose
-// handler inserts one row in its transaction (committed with the ack) and
-// counts the message.
-type txWorkDrainer struct {
-	work func(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error
-	stop func()
-}
-
-func (d txWorkDrainer) close() { d.stop() }
-
-func (d txWorkDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
-	ctx, cancel := stopCtx(ctx, stop, c)
-	defer cancel()
-	cfg := pgtransport.WorkerConfig{WorkerID: "w", Concurrency: workers, Visibility: time.Minute}
-	return d.work(ctx, cfg, func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
-		if _, err := tx.Exec(ctx, effectSQL, l.Group, l.Seq); err != nil {
-			return nil, err
-		}
-		c.claimed(l.Group, l.Seq)
-		c.ack()
-		return state, nil
-	})
-}
-
-// effectSQL is the one row each handler of the insert cases writes.
-const effectSQL = `INSERT INTO bench_effects (group_id, seq) VALUES ($1, $2)`
-
-// insertWork is a Work whose handler inserts the row (its own commit)
-// before the runtime acks (another).
-func insertWork(db *pgtest.DB, work func(context.Context, pgtransport.WorkerConfig, pgtransport.Handler) error) func(context.Context, pgtransport.WorkerConfig, pgtransport.Handler) error {
-	return func(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error {
-		return work(ctx, cfg, func(ctx context.Context, l *pgtransport.Lease) error {
-			if _, err := db.Pool.Exec(ctx, effectSQL, l.Group, l.Seq); err != nil {
-				return err
-			}
-			return h(ctx, l)
-		})
-	}
-}
-
-// openWork opens a drainer on system's Work: "sync-work" or "async-work";
-// or on Work with an insert per message ("sync-work-insert",
-// "async-work-insert") or WorkTx ("sync-worktx", "async-worktx").
+// openWork opens a drainer on system's Work: "sync-work" or "async-work".
 func openWork(ctx context.Context, system string, db *pgtest.DB) (drainer, error) {
 	cfg := pgtransport.Config{Schema: db.Schema}
-	if strings.HasSuffix(system, "-insert") || strings.HasSuffix(system, "-worktx") {
-		if _, err := db.Pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_effects (id BIGSERIAL PRIMARY KEY, group_id TEXT NOT NULL, seq BIGINT NOT NULL)`); err != nil {
-			return nil, err
-		}
-	}
 	switch system {
-	case "sync-work-insert", "sync-worktx":
-		tr, err := pgsync.New(ctx, db.Pool, cfg)
-		if err != nil {
-			return nil, err
-		}
-		if system == "sync-worktx" {
-			return txWorkDrainer{work: tr.WorkTx, stop: tr.Close}, nil
-		}
-		return workDrainer{work: insertWork(db, tr.Work), stop: tr.Close}, nil
-	case "async-work-insert", "async-worktx":
-		tr, err := async.New(ctx, db.Pool, cfg)
-		if err != nil {
-			return nil, err
-		}
-		if system == "async-worktx" {
-			return txWorkDrainer{work: tr.WorkTx, stop: tr.Close}, nil
-		}
-		return workDrainer{work: insertWork(db, tr.Work), stop: tr.Close}, nil
 	case "sync-work":
 		tr, err := pgsync.New(ctx, db.Pool, cfg)
 		if err != nil {
@@ -277,14 +183,5 @@ func runtimeTable(r *runner) string {
 			ratio(res, river, rok && res.system != "river"))
 	}
 	b.WriteString("\nGoals (issue 14): sync-work ≥ 1.0x the ceiling and ≥ 1.5x the sync loop; async-work ≥ 2x River 64.\n")
-	for _, front := range []string{"sync", "async"} {
-		workers := map[string]int{"sync": runtimeSyncWorkers, "async": runtimeAsyncConc}[front]
-		plain, pok := r.find("runtime", front+"-work-insert", "", workers, runtimeGroups)
-		tx, tok := r.find("runtime", front+"-worktx", "", workers, runtimeGroups)
-		if pok && tok {
-			fmt.Fprintf(&b, "\nThe transactional handler (issue 19), a row inserted per message: %s-worktx (one commit a message) runs %s %s-work-insert (two).\n",
-				front, ratio(tx, plain, true), front)
-		}
-	}
 	return b.String()
 }
