@@ -46,8 +46,13 @@ func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.
 	err = backoff.Retry(func() error {
 		actx, cancel := context.WithTimeout(wctx, 5*time.Second)
 		defer cancel()
-		last = pool.Ping(actx)
-		return last
+		err := pool.Ping(actx)
+		if err != nil && (last == nil || wctx.Err() == nil) {
+			// An attempt begun as wctx ended fails with wctx's error
+			// alone; the error worth reporting is the one before it.
+			last = err
+		}
+		return err
 	}, backoff.WithContext(b, wctx))
 	if err != nil {
 		pool.Close()
