@@ -140,8 +140,9 @@ func (f *txFeed) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, 
 	return f.t.core.StateTx(ctx, tx, group)
 }
 
-func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) error {
-	return f.t.ackTx(l, func() error { return f.t.core.AckStateTx(ctx, tx, l, state) })
+// AckStateTx acks in tx; the stream claims the next leases.
+func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, _ bool) (*pgtransport.Lease, error) {
+	return nil, f.t.ackTx(l, func() error { return f.t.core.AckStateTx(ctx, tx, l, state) })
 }
 
 func (f *txFeed) Settled(*pgtransport.Lease) { f.t.core.Settled() }

@@ -84,8 +84,12 @@ func (t *Transport) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byt
 // pgtransport.TxHandler; the slots, heartbeats and shutdown are Work's.
 //
 // Each busy slot holds a pool connection for its transaction while h
-// runs (Work's one per slot). After a commit a slot claims its next lease
-// in a round-trip of its own (Work's ack claims in the same one).
+// runs (size the pool for Concurrency such connections and a few more).
+// The ack's round-trip also claims the slot's next lease in the same
+// transaction, so a message costs one commit, the handler's; that lease
+// is held only if the commit applies (a failed commit leaves its group
+// claimable at once). A message costs four round-trips besides h's own
+// statements (begin, state, ack and claim, commit) where Work's costs one.
 func (t *Transport) WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error {
 	if err := t.check("work"); err != nil {
 		return err
@@ -107,8 +111,14 @@ func (f *txFeed) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, 
 	return f.c.StateTx(ctx, tx, group)
 }
 
-func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) error {
-	return f.c.AckStateTx(ctx, tx, l, state)
+// AckStateTx acks in tx and, with more, claims the slot's next lease in
+// the same round-trip and commit (core.AckStateClaimTx), as Work's feed
+// does with its ack.
+func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, more bool) (*pgtransport.Lease, error) {
+	if !more {
+		return nil, f.c.AckStateTx(ctx, tx, l, state)
+	}
+	return f.c.AckStateClaimTx(ctx, tx, l, state, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
 }
 
 func (f *txFeed) Settled(*pgtransport.Lease) { f.c.Settled() }

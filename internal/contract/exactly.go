@@ -40,6 +40,7 @@ func init() {
 		testCase{"ExactlyStateRetention", exactlyStateRetention},
 		testCase{"ExactlyStatePlainSQL", exactlyStatePlainSQL},
 		testCase{"ExactlyWorkTxFoldsInOrder", exactlyWorkTxFoldsInOrder},
+		testCase{"ExactlyWorkTxFailedCommitHoldsNothing", exactlyWorkTxFailedCommitHoldsNothing},
 	)
 }
 
@@ -350,4 +351,50 @@ func exactlyWorkTxFoldsInOrder(is *is.I, e *env) {
 		}
 		is.Equal(string(e.state(fmt.Sprint("acct-", g))), strconv.Itoa(sum)) // the fold, kept after the drain
 	}
+}
+
+// exactlyWorkTxFailedCommitHoldsNothing: a handler's transaction whose
+// commit fails (a deferred foreign key) applies none of its writes, fails
+// the attempt, and leaves no group held: the blocking runtime claims the
+// slot's next lease inside that transaction, and the other group must
+// still be handed out at once, not after a lease that never committed
+// lapses (the case's clock stays far short of the visibility).
+func exactlyWorkTxFailedCommitHoldsNothing(is *is.I, e *env) {
+	x := e.exactly()
+	e.with(pgtransport.Config{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond})
+	_, err := e.db.Pool.Exec(e.ctx(), `
+		CREATE TABLE parents (id INT PRIMARY KEY);
+		INSERT INTO parents VALUES (0);
+		CREATE TABLE children (id BIGSERIAL PRIMARY KEY, group_id TEXT NOT NULL, attempt INT NOT NULL,
+		                       parent INT NOT NULL REFERENCES parents DEFERRABLE INITIALLY DEFERRED)`)
+	is.NoErr(err)
+	children := pgx.Identifier{e.db.Schema, "children"}.Sanitize()
+	e.publish("a", "first", 0) // never-served groups go in arrival order: a, then b
+	e.publish("b", "second", 0)
+	ctx, cancel := context.WithCancel(e.ctx())
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() {
+		errs <- x.WorkTx(ctx, pgtransport.WorkerConfig{WorkerID: "tx", Concurrency: 1, Visibility: time.Minute, ShutdownTimeout: time.Second},
+			func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
+				parent := 0
+				if l.Group == "a" && l.Attempt == 1 {
+					parent = 1 // no such parent: the commit fails
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO `+children+` (group_id, attempt, parent) VALUES ($1, $2, $3)`, l.Group, l.Attempt, parent)
+				return state, err
+			})
+	}()
+	advanced := time.Duration(0)
+	e.until("both messages are handled", func() bool {
+		e.clock.Advance(10 * time.Millisecond) // a's retry backoff ends; no lease lapses
+		advanced += 10 * time.Millisecond
+		return e.count(`SELECT count(*) FROM transport_messages`) == 0
+	})
+	cancel()
+	is.NoErr(<-errs)
+	is.True(advanced < time.Minute)                                                            // nothing waited for a lease to lapse
+	is.Equal(e.count(`SELECT count(*) FROM children`), 2)                                      // the failed commit's row is not there
+	is.Equal(e.count(`SELECT count(*) FROM children WHERE group_id = 'a' AND attempt = 2`), 1) // a's retry, after the failed attempt
+	is.Equal(e.count(`SELECT count(*) FROM children WHERE group_id = 'b' AND attempt = 1`), 1) // b, handed out once
 }

@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,6 +44,73 @@ func (c *Core) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, 
 		return c.ackTx(ctx, tx, l, "")
 	}
 	return c.ackTx(ctx, tx, l, c.q.ackState, l.Group, l.Seq, l.Token, state)
+}
+
+// AckStateClaimTx is AckStateTx followed, in the same round-trip and
+// transaction, by a claim of the next claimable group for workerID: the
+// transactional runtime's step between two messages, so that a message
+// costs one commit (the caller's) rather than that and a claim's. next
+// (nil: nothing was claimable) is leased only if tx commits; after a
+// rollback it never was, and after a commit whose outcome is unknown it
+// may be, until its lease lapses. A lost lease is ErrLeaseLost, as
+// AckStateTx's, and the claim is then not read: the caller rolls back.
+func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, workerID string, visibility time.Duration, minPriority int) (next *pgtransport.Lease, err error) {
+	if err := CheckClaim(workerID, visibility, minPriority); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if len(state) > pgtransport.MaxStateSize || l == nil || tx == nil {
+		return nil, c.AckStateTx(ctx, tx, l, state) // its refusal
+	}
+	t0 := c.timer()
+	err = checkLease(l)
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		err = fmt.Errorf("ack: %w", err)
+		c.observeAcked(t0, 1, err)
+		return nil, err
+	}
+	token := NewToken(workerID)
+	var b pgx.Batch
+	b.Queue(c.q.ackState, c.now(), l.Group, l.Seq, l.Token, state)
+	b.Queue(c.q.claimInTx, c.now(), visibility.Seconds(), token, minPriority)
+	sent := time.Now()
+	br := tx.SendBatch(ctx, &b)
+	defer br.Close()
+	var held bool
+	if err := br.QueryRow().Scan(&held); err != nil {
+		err = mapErr("ack", err)
+		c.observeAcked(t0, 1, err)
+		return nil, err
+	}
+	if !held {
+		err = fmt.Errorf("ack: %w", pgtransport.ErrLeaseLost)
+		c.observeAcked(t0, 1, err)
+		c.lostIf("ack", l, err)
+		return nil, err
+	}
+	c.observeAcked(t0, 1, nil)
+	n := pgtransport.Lease{Token: token}
+	var age *float64
+	err = br.QueryRow().Scan(&n.Group, &n.Seq, &n.Event, &n.Attempt, &age)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
+	} else if err == nil {
+		n.Expiry, n.PublishedAt = localExpiry(sent, visibility), localPublished(sent, age)
+		next = &n
+	}
+	if err != nil {
+		err = mapErr("claim", err)
+	}
+	if c.Observing() {
+		k := 0
+		if next != nil {
+			k = 1
+		}
+		c.observeClaimed(t0, k, err)
+	}
+	return next, err
 }
 
 // ackTx runs a fenced ack statement on tx and observes it (the caller's

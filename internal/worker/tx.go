@@ -22,8 +22,10 @@ type TxFeed interface {
 	StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error)
 	// AckStateTx acks l in tx and saves state as its group's: nil, or
 	// ErrLeaseLost (nothing written; the feed no longer counts l), or an
-	// error after which nothing was written and l holds as before.
-	AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) error
+	// error after which nothing was written and l holds as before. With
+	// more (the runtime is not stopping) it may also claim the slot's next
+	// lease in tx, leased once tx commits.
+	AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, more bool) (next *pgtransport.Lease, err error)
 	// Settled is told that the ack of l committed.
 	Settled(l *pgtransport.Lease)
 }
@@ -106,31 +108,37 @@ func (m *txMode) call(ctx context.Context, l *pgtransport.Lease) (_ *openTx, err
 	return &openTx{tx: tx, state: next}, nil
 }
 
-// commit acks l in its open transaction, saving the handler's new state,
-// and commits. A lost lease rolls back (the core has logged it); an ack the
+// commit acks l in its open transaction, saving the handler's new state
+// (and, unless the runtime is stopping, claiming the slot's next lease, as
+// Work's ack does), and commits. It returns the next lease once the commit
+// applied it. A lost lease rolls back (the core has logged it); an ack the
 // database refused, or a commit that did not apply (a deferred constraint,
 // a serialization failure, a transaction the handler left aborted),
 // rolls back and fails the attempt; a commit whose reply was lost is
 // logged: the message was acked if and only if the handler's writes
 // committed, and otherwise it comes back after its lease.
-func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) {
+func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) *pgtransport.Lease {
 	m := r.tx
-	if err := m.feed.AckStateTx(ctx, o.tx, l, o.state); err != nil {
+	next, err := m.feed.AckStateTx(ctx, o.tx, l, o.state, r.stop.Err() == nil)
+	if err != nil {
 		o.rollback(r.base)
 		if !errors.Is(err, pgtransport.ErrLeaseLost) {
 			r.fail(ctx, l, err)
 		}
-		return
+		return nil
 	}
-	err := o.tx.Commit(ctx)
+	err = o.tx.Commit(ctx)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		m.feed.Settled(l)
+		return next
 	case errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback):
 		r.fail(ctx, l, err)
 	default:
+		// The next lease, if the commit applied, lapses unhandled.
 		r.log.Warn("pgtransport: commit's outcome unknown; the message was acked if and only if the handler's writes committed, else it is handled again",
 			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)
 	}
+	return nil
 }

@@ -46,9 +46,9 @@ func (f *txFake) Begin(context.Context) (pgx.Tx, error) { return f.tx, nil }
 
 func (f *txFake) StateTx(context.Context, pgx.Tx, string) ([]byte, error) { return []byte("s0"), nil }
 
-func (f *txFake) AckStateTx(_ context.Context, _ pgx.Tx, _ *pgtransport.Lease, state []byte) error {
+func (f *txFake) AckStateTx(_ context.Context, _ pgx.Tx, _ *pgtransport.Lease, state []byte, _ bool) (*pgtransport.Lease, error) {
 	f.state = state
-	return f.ackErr
+	return nil, f.ackErr
 }
 
 func (f *txFake) Settled(*pgtransport.Lease) { close(f.done) }

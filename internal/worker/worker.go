@@ -343,8 +343,7 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 	sctx, done := context.WithTimeout(r.base, settleTimeout)
 	defer done()
 	if open != nil {
-		r.commit(sctx, l, open)
-		return nil, nil
+		return r.commit(sctx, l, open), nil
 	}
 	if err == nil {
 		next, pending, aerr := r.feed.Ack(sctx, l, r.stop.Err() == nil)
