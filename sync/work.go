@@ -17,11 +17,13 @@ import (
 //
 // Each of its cfg.Concurrency slots waits for work as ClaimWait does (no
 // polling), runs h, and then settles the result and claims its next lease
-// in one round-trip, one transaction: the ack keeps a hot group for the
-// next message, up to Config.MaxKeep in a row, or claims the group served
-// longest ago. So a busy slot makes one round-trip per message, and needs
-// a pool connection of its own (plus one for the heartbeats) to run at
-// full speed. Every third of cfg.Visibility one round-trip extends the
+// in one transaction: the ack keeps a hot group for the next message, up
+// to Config.MaxKeep in a row, or claims the group served longest ago. The
+// slots that finish while such a step is on its way have theirs sent
+// together in the next round-trip (at most two on their way at once), so
+// a busy runtime makes fewer round-trips and commits than messages, never
+// more. It needs a pool connection for each slot waiting for work, two
+// for the steps and one for the heartbeats. Every third of cfg.Visibility one round-trip extends the
 // leases of the handlers that have been running for a while; a lease it
 // finds lost cancels that handler's ctx at once, and what the handler then
 // returns is ignored (the message will be handled again).
@@ -51,7 +53,9 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 	if err != nil {
 		return err
 	}
-	return worker.Run(ctx, t.workerConfig(cfg), &feed{c: t.core, cfg: cfg}, h)
+	f := &feed{c: t.core, cfg: cfg, steps: newCombiner(t.core, cfg)}
+	defer f.steps.close()
+	return worker.Run(ctx, t.workerConfig(cfg), f, h)
 }
 
 // workerConfig is the runtime's configuration for cfg (checked).
@@ -65,11 +69,13 @@ func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
 }
 
 // feed is the blocking runtime's worker.Feed: each slot claims for
-// itself, and acks and takes its next lease in one round-trip
-// (core.AckClaim).
+// itself when it has no lease, and acks and takes its next lease in one
+// step, which the combiner sends with the other slots' (core.Exchange, or
+// core.AckClaim for a step alone).
 type feed struct {
-	c   *core.Core
-	cfg pgtransport.WorkerConfig
+	c     *core.Core
+	cfg   pgtransport.WorkerConfig
+	steps *combiner // nil: each slot's step a round-trip of its own (WorkTx's)
 }
 
 // Next is ClaimWait whose claims stop does not cut short (a lease that
@@ -83,12 +89,20 @@ func (f *feed) Next(stop context.Context) (*pgtransport.Lease, error) {
 }
 
 // Ack acks l and, with more, keeps its group for the next message or
-// claims the slot's next lease, in one round-trip (core.AckClaim).
+// claims the slot's next lease, in one step (the combiner's).
 func (f *feed) Ack(ctx context.Context, l *pgtransport.Lease, more bool) (*pgtransport.Lease, <-chan error, error) {
 	if !more { // shutting down: the ack alone
 		return nil, nil, f.c.Ack(ctx, l)
 	}
-	next, ackErr, err := f.c.AckClaim(ctx, l, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
+	var (
+		next        *pgtransport.Lease
+		ackErr, err error
+	)
+	if f.steps != nil {
+		next, ackErr, err = f.steps.ackClaim(ctx, l)
+	} else {
+		next, ackErr, err = f.c.AckClaim(ctx, l, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -54,6 +54,7 @@ var cases = []testCase{
 	{"CloseEndsWork", closeEndsWork, nil},
 	{"InvalidConfig", invalidConfig, nil},
 	{"HotGroupKept", hotGroupKept, func(c *pgtransport.Config) { c.MaxKeep = 3 }},
+	{"AcksShareRoundTrips", acksShareRoundTrips, nil},
 }
 
 // Run runs every case against open, in parallel, and then fails if a
@@ -280,6 +281,34 @@ func boundedConcurrency(is *is.I, e *env) {
 	is.Equal(peak.Load(), int64(n)) // at most Concurrency, and all of them used
 }
 
+// acksShareRoundTrips: handlers that finish together have their acks
+// settled together, several in one round-trip (the blocking runtime's
+// combiner, the async stream's batches), each message acked once.
+func acksShareRoundTrips(is *is.I, e *env) {
+	const n, msgs = 8, 32
+	for g := range msgs {
+		e.publish(fmt.Sprintf("g%d", g), "x")
+	}
+	var running atomic.Int64
+	all := make(chan struct{})
+	var once stdsync.Once
+	stop, _ := e.start(pgtransport.WorkerConfig{Concurrency: n, Visibility: 10 * time.Second}, func(ctx context.Context, l *pgtransport.Lease) error {
+		if running.Add(1) == n {
+			once.Do(func() { close(all) })
+		}
+		select { // the first n wait for each other, then all return at once
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		return nil
+	})
+	e.waitFor("every message acked", func() bool { return e.count(`SELECT count(*) FROM transport_messages`) == 0 })
+	is.NoErr(stop())
+	is.Equal(e.obs.acked.Load(), int64(msgs))   // each once
+	is.Equal(e.obs.handled.Load(), int64(msgs)) // each handled once
+	is.True(e.obs.batch.Load() >= 2)            // some acks shared a round-trip
+}
+
 // heartbeatKeepsLease: a handler that runs several times its visibility
 // keeps its lease (heartbeats), so its message is delivered once.
 func heartbeatKeepsLease(is *is.I, e *env) {
@@ -503,12 +532,15 @@ func (e *env) waitFor(what string, cond func() bool) {
 // observer counts what the transport reports.
 type observer struct {
 	acked, failed, lost, handled atomic.Int64
+	batch                        atomic.Int64 // the largest ack seen, in leases
 }
 
 func (o *observer) Published(int, time.Duration, error) {}
 func (o *observer) Claimed(int, time.Duration, error)   {}
 func (o *observer) Acked(n int, _ time.Duration, err error) {
 	o.acked.Add(int64(n))
+	for b := o.batch.Load(); int64(n) > b && !o.batch.CompareAndSwap(b, int64(n)); b = o.batch.Load() {
+	}
 }
 func (o *observer) Failed(*pgtransport.Lease, string, time.Duration, error) { o.failed.Add(1) }
 func (o *observer) LeaseLost(*pgtransport.Lease)                            { o.lost.Add(1) }
