@@ -93,12 +93,14 @@ func (r *runner) workTx(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			var effects int
-			if err := c.db.Pool.QueryRow(ctx, `SELECT count(*) FROM bench_effects`).Scan(&effects); err != nil {
+			// Each handled message's effect once (the drain's check found
+			// every counted message acked).
+			var effects, distinct int
+			if err := c.db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (group_id, seq)) FROM bench_effects`).Scan(&effects, &distinct); err != nil {
 				return err
 			}
-			if effects == 0 {
-				return fmt.Errorf("worktx %s/%d: no effect row was written", c.system, c.conc)
+			if effects == 0 || effects != distinct {
+				return fmt.Errorf("worktx %s/%d: %d effect rows for %d messages", c.system, c.conc, effects, distinct)
 			}
 			c.db.Pool.Reset()
 			c.res.runs = append(c.res.runs, rate)

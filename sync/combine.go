@@ -3,6 +3,7 @@ package sync
 import (
 	"context"
 	stdsync "sync"
+	"time"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/core"
@@ -15,7 +16,8 @@ import (
 // each ack fenced on its own token, a hot group kept, a group claimed for
 // each slot whose group was not). A lone step goes as core.AckClaim,
 // which costs the server less than an exchange of one. So a busy runtime
-// makes fewer round-trips and commits than messages, and never more.
+// makes about one round-trip and one commit per batch of slots, rather
+// than one per message.
 //
 // Two round-trips may be on their way at once, each taking every step
 // that waits when it leaves: with one, a step waits for the last one's
@@ -28,8 +30,14 @@ type combiner struct {
 	cfg  pgtransport.WorkerConfig
 	reqs chan *step
 	done chan struct{}
+	quit context.Context // cancelled by close: a round-trip still on its way is cut short
+	stop context.CancelFunc
 	wg   stdsync.WaitGroup
 }
+
+// stepTimeout bounds one round-trip of steps, as the runtime bounds its
+// other settling calls.
+const stepTimeout = 30 * time.Second
 
 // step is one slot's ack of l and its wait for the reply.
 type step struct {
@@ -49,17 +57,22 @@ const combinerSenders = 2
 
 func newCombiner(c *core.Core, cfg pgtransport.WorkerConfig) *combiner {
 	b := &combiner{c: c, cfg: cfg, reqs: make(chan *step), done: make(chan struct{})}
+	b.quit, b.stop = context.WithCancel(context.Background())
 	for range combinerSenders {
 		b.wg.Go(b.run)
 	}
 	return b
 }
 
-// close stops the combiner and waits for it: a step on its way is
-// finished and answered first (it is bounded by its ctx). A step asked
-// for after close is refused (ErrClosed).
+// close stops the combiner and waits for it. The runtime closes it once
+// Run has returned: every slot has had its step answered, but for slots
+// Run abandoned (their handlers ignored their cancelled ctx), whose steps
+// are cut short here (their leases lapse), so that close returns at once
+// even when the server hangs. A step asked for after close is refused
+// (ErrClosed).
 func (b *combiner) close() {
 	close(b.done)
+	b.stop()
 	b.wg.Wait()
 }
 
@@ -102,9 +115,15 @@ func (b *combiner) run() {
 
 // send makes batch's steps in one round-trip and answers each.
 func (b *combiner) send(batch []*step) {
+	// The steps' ctxs carry the caller's values and are the runtime's
+	// settling ctxs (never cancelled by the caller); the round-trip gets
+	// a bound of its own, which close cuts short.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), stepTimeout)
+	defer cancel()
+	defer context.AfterFunc(b.quit, cancel)()
 	if len(batch) == 1 {
 		s := batch[0]
-		next, ackErr, err := b.c.AckClaim(s.ctx, s.l, b.cfg.WorkerID, b.cfg.Visibility, b.cfg.MinPriority)
+		next, ackErr, err := b.c.AckClaim(ctx, s.l, b.cfg.WorkerID, b.cfg.Visibility, b.cfg.MinPriority)
 		s.reply <- stepReply{next: next, ackErr: ackErr, err: err}
 		return
 	}
@@ -112,27 +131,25 @@ func (b *combiner) send(batch []*step) {
 	for i, s := range batch {
 		acks[i] = s.l
 	}
-	// The first step's ctx: each is the runtime's settling ctx, detached
-	// from the caller's cancellation and bounded alike.
-	settled, claimed, err := b.c.Exchange(batch[0].ctx, acks, true, b.cfg.WorkerID, b.cfg.Visibility, b.cfg.MinPriority, len(batch))
+	settled, claimed, err := b.c.Exchange(ctx, acks, true, b.cfg.WorkerID, b.cfg.Visibility, b.cfg.MinPriority, len(batch))
 	if err != nil {
 		for _, s := range batch {
 			s.reply <- stepReply{err: err}
 		}
 		return
 	}
-	for i, s := range batch {
-		r := stepReply{next: settled[i].Next}
-		if settled[i].Err != nil {
-			r.ackErr = settled[i].Err
+	replies := make([]stepReply, len(batch))
+	for i := range batch {
+		replies[i] = stepReply{next: settled[i].Next, ackErr: settled[i].Err}
+		if replies[i].next == nil && len(claimed) > 0 {
+			replies[i].next, claimed = claimed[0], claimed[1:]
 		}
-		if r.next == nil && len(claimed) > 0 {
-			r.next, claimed = claimed[0], claimed[1:]
-		}
-		s.reply <- r
 	}
 	for _, l := range claimed { // more than were asked for: never, by Exchange's contract
-		_ = b.c.Release(batch[0].ctx, l)
+		_ = b.c.Release(ctx, l)
 	}
 	b.c.Parking().Wake(core.Freed(settled))
+	for i, s := range batch {
+		s.reply <- replies[i]
+	}
 }

@@ -2,6 +2,7 @@ package sync
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -118,7 +119,13 @@ func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease
 	if !more {
 		return nil, f.c.AckStateTx(ctx, tx, l, state)
 	}
-	return f.c.AckStateClaimTx(ctx, tx, l, state, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
+	next, claimErr, err := f.c.AckStateClaimTx(ctx, tx, l, state, f.cfg.WorkerID, f.cfg.Visibility, f.cfg.MinPriority)
+	if err == nil && claimErr != nil {
+		err = fmt.Errorf("%w: %w", worker.ErrNextClaim, claimErr)
+	}
+	return next, err
 }
+
+func (f *txFeed) Unclaim(ctx context.Context, l *pgtransport.Lease) { _ = f.c.ReleaseQuiet(ctx, l) }
 
 func (f *txFeed) Settled(*pgtransport.Lease) { f.c.Settled() }

@@ -21,8 +21,9 @@ import (
 // to Config.MaxKeep in a row, or claims the group served longest ago. The
 // slots that finish while such a step is on its way have theirs sent
 // together in the next round-trip (at most two on their way at once), so
-// a busy runtime makes fewer round-trips and commits than messages, never
-// more. It needs a pool connection for each slot waiting for work, two
+// a busy runtime makes about one round-trip and one commit per batch of
+// slots rather than one per message (a slot that got no lease from its
+// step claims on its own, as an idle one does). It needs a pool connection for each slot waiting for work, two
 // for the steps and one for the heartbeats. Every third of cfg.Visibility one round-trip extends the
 // leases of the handlers that have been running for a while; a lease it
 // finds lost cancels that handler's ctx at once, and what the handler then

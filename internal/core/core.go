@@ -353,6 +353,19 @@ func (c *Core) Release(ctx context.Context, l *pgtransport.Lease) error {
 	return err
 }
 
+// ReleaseQuiet is Release of a lease that may never have been held: one
+// claimed inside a transaction whose commit's outcome is unknown. Its
+// fence frees the group if the commit applied and changes nothing
+// otherwise; it reports no lost lease either way.
+func (c *Core) ReleaseQuiet(ctx context.Context, l *pgtransport.Lease) error {
+	if err := checkLease(l); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	err := c.held(ctx, "release", c.q.release, l.Group, l.Token)
+	c.parking.Wake(wakesSettle(err))
+	return err
+}
+
 // Extend moves the lease's end to now + visibility.
 func (c *Core) Extend(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) error {
 	if err := cmp.Or(checkLease(l), checkVisibility(visibility)); err != nil {

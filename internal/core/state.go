@@ -52,14 +52,15 @@ func (c *Core) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, 
 // costs one commit (the caller's) rather than that and a claim's. next
 // (nil: nothing was claimable) is leased only if tx commits; after a
 // rollback it never was, and after a commit whose outcome is unknown it
-// may be, until its lease lapses. A lost lease is ErrLeaseLost, as
-// AckStateTx's, and the claim is then not read: the caller rolls back.
-func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, workerID string, visibility time.Duration, minPriority int) (next *pgtransport.Lease, err error) {
+// may be (ReleaseQuiet gives it back either way). err is the ack's, as
+// AckStateTx's (ErrLeaseLost: roll back); claimErr is the claim's, after
+// the ack succeeded: tx is then aborted, so nothing of it can commit.
+func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, workerID string, visibility time.Duration, minPriority int) (next *pgtransport.Lease, claimErr, err error) {
 	if err := CheckClaim(workerID, visibility, minPriority); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return nil, nil, fmt.Errorf("claim: %w", err)
 	}
 	if len(state) > pgtransport.MaxStateSize || l == nil || tx == nil {
-		return nil, c.AckStateTx(ctx, tx, l, state) // its refusal
+		return nil, nil, c.AckStateTx(ctx, tx, l, state) // its refusal
 	}
 	t0 := c.timer()
 	err = checkLease(l)
@@ -69,7 +70,7 @@ func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Le
 	if err != nil {
 		err = fmt.Errorf("ack: %w", err)
 		c.observeAcked(t0, 1, err)
-		return nil, err
+		return nil, nil, err
 	}
 	token := NewToken(workerID)
 	var b pgx.Batch
@@ -82,35 +83,35 @@ func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Le
 	if err := br.QueryRow().Scan(&held); err != nil {
 		err = mapErr("ack", err)
 		c.observeAcked(t0, 1, err)
-		return nil, err
+		return nil, nil, err
 	}
 	if !held {
 		err = fmt.Errorf("ack: %w", pgtransport.ErrLeaseLost)
 		c.observeAcked(t0, 1, err)
 		c.lostIf("ack", l, err)
-		return nil, err
+		return nil, nil, err
 	}
 	c.observeAcked(t0, 1, nil)
 	n := pgtransport.Lease{Token: token}
 	var age *float64
-	err = br.QueryRow().Scan(&n.Group, &n.Seq, &n.Event, &n.Attempt, &age)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = nil
-	} else if err == nil {
+	claimErr = br.QueryRow().Scan(&n.Group, &n.Seq, &n.Event, &n.Attempt, &age)
+	switch {
+	case errors.Is(claimErr, pgx.ErrNoRows):
+		claimErr = nil
+	case claimErr == nil:
 		n.Expiry, n.PublishedAt = localExpiry(sent, visibility), localPublished(sent, age)
 		next = &n
-	}
-	if err != nil {
-		err = mapErr("claim", err)
+	default:
+		claimErr = mapErr("claim", claimErr)
 	}
 	if c.Observing() {
 		k := 0
 		if next != nil {
 			k = 1
 		}
-		c.observeClaimed(t0, k, err)
+		c.observeClaimed(t0, k, claimErr)
 	}
-	return next, err
+	return next, claimErr, nil
 }
 
 // ackTx runs a fenced ack statement on tx and observes it (the caller's

@@ -24,11 +24,20 @@ type TxFeed interface {
 	// ErrLeaseLost (nothing written; the feed no longer counts l), or an
 	// error after which nothing was written and l holds as before. With
 	// more (the runtime is not stopping) it may also claim the slot's next
-	// lease in tx, leased once tx commits.
+	// lease in tx, leased once tx commits; if that claim fails after the
+	// ack succeeded, the error wraps ErrNextClaim (tx cannot commit).
 	AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, more bool) (next *pgtransport.Lease, err error)
+	// Unclaim gives back a lease AckStateTx claimed in a transaction
+	// whose commit's outcome is unknown: freed if the commit applied,
+	// nothing otherwise, and no lost lease reported.
+	Unclaim(ctx context.Context, l *pgtransport.Lease)
 	// Settled is told that the ack of l committed.
 	Settled(l *pgtransport.Lease)
 }
+
+// ErrNextClaim marks an AckStateTx whose ack succeeded and whose claim of
+// the slot's next lease, in the same transaction, failed.
+var ErrNextClaim = errors.New("the claim made with the ack failed")
 
 // CheckTx is Check for a transactional handler.
 func CheckTx(cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) (pgtransport.WorkerConfig, error) {
@@ -122,7 +131,15 @@ func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) *
 	next, err := m.feed.AckStateTx(ctx, o.tx, l, o.state, r.stop.Err() == nil)
 	if err != nil {
 		o.rollback(r.base)
-		if !errors.Is(err, pgtransport.ErrLeaseLost) {
+		switch {
+		case errors.Is(err, pgtransport.ErrLeaseLost):
+		case errors.Is(err, ErrNextClaim):
+			// Not the message's fault: it is given back, uncounted, and
+			// handled again.
+			r.log.Warn("pgtransport: the claim sent with an ack failed; the handler's transaction is rolled back and its message given back, to be handled again",
+				"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)
+			r.release(l)
+		default:
 			r.fail(ctx, l, err)
 		}
 		return nil
@@ -136,7 +153,9 @@ func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) *
 	case errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback):
 		r.fail(ctx, l, err)
 	default:
-		// The next lease, if the commit applied, lapses unhandled.
+		if next != nil {
+			m.feed.Unclaim(ctx, next)
+		}
 		r.log.Warn("pgtransport: commit's outcome unknown; the message was acked if and only if the handler's writes committed, else it is handled again",
 			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)
 	}

@@ -53,6 +53,8 @@ func (f *txFake) AckStateTx(_ context.Context, _ pgx.Tx, _ *pgtransport.Lease, s
 
 func (f *txFake) Settled(*pgtransport.Lease) { close(f.done) }
 
+func (f *txFake) Unclaim(context.Context, *pgtransport.Lease) {}
+
 // TestRunTx: a transactional handler's result decides how its
 // transaction ends: nil acks with the new state and commits (Settled); an
 // error, or a panic, rolls back and fails the attempt; an ack that finds
