@@ -149,4 +149,6 @@ func (f *txFeed) Settled(*pgtransport.Lease) { f.t.core.Settled() }
 
 // Unclaim is never needed here (AckStateTx claims nothing), and would give
 // back l as the blocking feed does.
-func (f *txFeed) Unclaim(ctx context.Context, l *pgtransport.Lease) { _ = f.t.core.ReleaseQuiet(ctx, l) }
+func (f *txFeed) Unclaim(ctx context.Context, l *pgtransport.Lease) {
+	_ = f.t.core.ReleaseQuiet(ctx, l)
+}
