@@ -29,8 +29,8 @@ func TestWork(t *testing.T) {
 // TestWorkReturnsWhenAStepHangs: a slot whose ack-and-claim step gets no
 // reply (a server that hangs after the commit) holds Work's shutdown for
 // ShutdownTimeout and pgtransport.AbandonTimeout at most, not for the
-// step's own 30 s bound: Work returns without it, and the step is cut
-// short.
+// step's own 30 s bound: Work returns without the slot, once its
+// combiner has cut the step short (its close waits for its senders).
 func TestWorkReturnsWhenAStepHangs(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)

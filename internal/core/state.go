@@ -54,7 +54,7 @@ func (c *Core) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, 
 // rollback it never was, and after a commit whose outcome is unknown it
 // may be (ReleaseQuiet gives it back either way). err is the ack's, as
 // AckStateTx's (ErrLeaseLost: roll back); claimErr is the claim's, after
-// the ack succeeded: tx is then aborted, so nothing of it can commit.
+// the ack succeeded: roll back (a server's error has aborted tx).
 func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, workerID string, visibility time.Duration, minPriority int) (next *pgtransport.Lease, claimErr, err error) {
 	if err := CheckClaim(workerID, visibility, minPriority); err != nil {
 		return nil, nil, fmt.Errorf("claim: %w", err)
@@ -83,6 +83,7 @@ func (c *Core) AckStateClaimTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Le
 	if err := br.QueryRow().Scan(&held); err != nil {
 		err = mapErr("ack", err)
 		c.observeAcked(t0, 1, err)
+		c.lostIf("ack", l, err) // PT001
 		return nil, nil, err
 	}
 	if !held {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,7 +64,16 @@ func RunTx(ctx context.Context, cfg Config, feed TxFeed, h pgtransport.TxHandler
 type txMode struct {
 	feed TxFeed
 	h    pgtransport.TxHandler
+	// Until then (Unix nanoseconds) commits ack without claiming: a
+	// claim sent with an ack failed, and a claim that keeps failing (a
+	// handler's short statement_timeout, say) must not have every message
+	// given back and handled again without end.
+	plainUntil atomic.Int64
 }
+
+// plainFor is how long commits ack without claiming after a claim sent
+// with an ack failed.
+const plainFor = 30 * time.Second
 
 // openTx is a handler's transaction, open after the handler returned nil,
 // and the state it returned.
@@ -128,16 +138,19 @@ func (m *txMode) call(ctx context.Context, l *pgtransport.Lease) (_ *openTx, err
 // committed, and otherwise it comes back after its lease.
 func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) *pgtransport.Lease {
 	m := r.tx
-	next, err := m.feed.AckStateTx(ctx, o.tx, l, o.state, r.stop.Err() == nil)
+	claim := r.stop.Err() == nil && time.Now().UnixNano() >= m.plainUntil.Load()
+	next, err := m.feed.AckStateTx(ctx, o.tx, l, o.state, claim)
 	if err != nil {
 		o.rollback(r.base)
 		switch {
 		case errors.Is(err, pgtransport.ErrLeaseLost):
 		case errors.Is(err, ErrNextClaim):
 			// Not the message's fault: it is given back, uncounted, and
-			// handled again.
-			r.log.Warn("pgtransport: the claim sent with an ack failed; the handler's transaction is rolled back and its message given back, to be handled again",
-				"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)
+			// handled again, and the acks that follow for a while claim
+			// nothing, so the next attempt commits with its ack alone.
+			m.plainUntil.Store(time.Now().Add(plainFor).UnixNano())
+			r.log.Warn("pgtransport: the claim sent with an ack failed; the handler's transaction is rolled back and its message given back, to be handled again; acks claim nothing for a while",
+				"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err, "for", plainFor)
 			r.release(l)
 		default:
 			r.fail(ctx, l, err)
@@ -153,8 +166,10 @@ func (r *runtime) commit(ctx context.Context, l *pgtransport.Lease, o *openTx) *
 	case errors.As(err, &pgErr) || errors.Is(err, pgx.ErrTxCommitRollback):
 		r.fail(ctx, l, err)
 	default:
-		if next != nil {
-			m.feed.Unclaim(ctx, next)
+		if next != nil { // the commit's ctx may be spent: a fresh one
+			uctx, cancel := context.WithTimeout(r.base, settleTimeout)
+			m.feed.Unclaim(uctx, next)
+			cancel()
 		}
 		r.log.Warn("pgtransport: commit's outcome unknown; the message was acked if and only if the handler's writes committed, else it is handled again",
 			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", err)

@@ -205,7 +205,7 @@ func runWith(ctx context.Context, cfg Config, feed Feed, h Handler, tx *txMode) 
 			r.mu.Lock()
 			r.abandoned.Store(true)
 			r.mu.Unlock()
-			r.log.Error("pgtransport: shutdown: handlers ignore their cancelled ctx; abandoned, their leases will lapse",
+			r.log.Error("pgtransport: shutdown: slots still busy (handlers that ignore their cancelled ctx, or a settling call with no reply); abandoned, their leases will lapse",
 				"worker", cfg.WorkerID, "handlers", r.count(), "waited", cfg.Abandon)
 		}
 	}
