@@ -160,7 +160,7 @@ func TestAbandon(t *testing.T) {
 	within(t, started, 5*time.Second, "the handler")
 	cancel()
 	is.NoErr(within(t, res, 5*time.Second, "Run to return without the handler"))
-	is.True(log.has("ERROR pgtransport: shutdown: handlers ignore their cancelled ctx")) // logged as an error
+	is.True(log.has("ERROR pgtransport: shutdown: slots still busy (handlers that ignore their cancelled ctx")) // logged as an error
 	close(unblock)
 	if leak := pgtest.Leaked(5*time.Second, "github.com/pgtransport/pgtransport/internal/worker.(*runtime)"); leak != "" {
 		t.Fatalf("the abandoned slot did not end once its handler returned:\n%s", leak)
