@@ -76,10 +76,16 @@ func TestPoolerExecModes(t *testing.T) {
 		})
 	}
 	t.Run("PoolingSessionTrusted", func(t *testing.T) {
+		// The same DSN Refuses/default is refused with, but the caller
+		// says the sessions are kept: not checked. (The caller is wrong
+		// here, so the open may still fail, on a statement another client
+		// prepared on the same server connection: "already exists".)
 		is := is.New(t)
 		tr, err := pgsync.FromDSN(ctx(t), b.DSN(""), pgtransport.Config{Schema: db.Schema, Pooling: pgtransport.PoolingSession})
-		is.NoErr(err) // not checked: the caller said the sessions are kept
-		tr.Close()
+		is.True(!errors.Is(err, pgtransport.ErrPoolerExecMode)) // not refused
+		if err == nil {
+			tr.Close()
+		}
 	})
 	t.Run("PoolingTransactionSaid", func(t *testing.T) {
 		is := is.New(t)
