@@ -66,9 +66,9 @@ func newCombiner(c *core.Core, cfg pgtransport.WorkerConfig) *combiner {
 
 // close stops the combiner and waits for it. The runtime closes it once
 // Run has returned: every slot has had its step answered, but for slots
-// Run abandoned (their handlers ignored their cancelled ctx), whose steps
-// are cut short here (their leases lapse), so that close returns at once
-// even when the server hangs. A step asked for after close is refused
+// Run abandoned (a handler that ignored its cancelled ctx, or a step with
+// no reply from a hung server), whose steps are cut short here (their
+// leases lapse), so that close returns at once. A step asked for after close is refused
 // (ErrClosed).
 func (b *combiner) close() {
 	close(b.done)
