@@ -41,6 +41,7 @@ func init() {
 		testCase{"ExactlyStatePlainSQL", exactlyStatePlainSQL},
 		testCase{"ExactlyWorkTxFoldsInOrder", exactlyWorkTxFoldsInOrder},
 		testCase{"ExactlyWorkTxFailedCommitHoldsNothing", exactlyWorkTxFailedCommitHoldsNothing},
+		testCase{"ExactlyRefusesBadInput", exactlyRefusesBadInput},
 	)
 }
 
@@ -397,4 +398,38 @@ func exactlyWorkTxFailedCommitHoldsNothing(is *is.I, e *env) {
 	is.Equal(e.count(`SELECT count(*) FROM children`), 2)                                      // the failed commit's row is not there
 	is.Equal(e.count(`SELECT count(*) FROM children WHERE group_id = 'a' AND attempt = 2`), 1) // a's retry, after the failed attempt
 	is.Equal(e.count(`SELECT count(*) FROM children WHERE group_id = 'b' AND attempt = 1`), 1) // b, handed out once
+}
+
+// exactlyRefusesBadInput: each exactly-once call refuses bad input with
+// its sentinel before anything is written: a group id that is empty or
+// holds a NUL byte, a nil transaction or lease, a nil handler, a
+// cancelled ctx; the lease still holds its message after each.
+func exactlyRefusesBadInput(is *is.I, e *env) {
+	x := e.exactly()
+	e.publish("g", "e", 0)
+	l := e.claim("w", 0)
+	for _, group := range []string{"", "a\x00b"} {
+		_, err := x.State(e.ctx(), group)
+		is.True(errors.Is(err, pgtransport.ErrInvalidGroup)) // State
+	}
+	_, err := x.StateTx(e.ctx(), nil, "g")
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))                                                // StateTx without a transaction
+	is.True(errors.Is(x.AckTx(e.ctx(), nil, l), pgtransport.ErrInvalidConfig))                           // AckTx without a transaction
+	is.True(errors.Is(x.AckStateTx(e.ctx(), nil, l, nil), pgtransport.ErrInvalidConfig))                 // AckStateTx without a transaction
+	is.True(errors.Is(x.WorkTx(e.ctx(), pgtransport.WorkerConfig{}, nil), pgtransport.ErrInvalidConfig)) // WorkTx without a handler
+
+	tx, err := e.db.Pool.Begin(e.ctx())
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(e.ctx()) }()
+	is.True(errors.Is(x.AckTx(e.ctx(), tx, nil), pgtransport.ErrNilLease)) // no lease
+	done, cancel := context.WithCancel(e.ctx())
+	cancel()
+	is.True(errors.Is(x.AckStateTx(done, tx, l, []byte("s")), context.Canceled)) // a cancelled ctx
+	_, err = x.StateTx(done, tx, "g")
+	is.True(errors.Is(err, context.Canceled))
+	is.NoErr(tx.Rollback(e.ctx()))
+
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages WHERE group_id = 'g'`), 1) // nothing written
+	is.Equal(e.state("g"), nil)
+	e.ack(l) // the lease still holds
 }
