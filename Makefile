@@ -8,7 +8,7 @@ FUZZTIME ?= 10m
 # must not carry): tested, vetted and tidied with the library.
 MODULES = metrics cmd/pgtransport
 
-.PHONY: help test schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy
+.PHONY: help test schema proxy-schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ vet: ## go vet (library, bench and nested modules) and a gofmt check
 
 schema: ## print the complete SQL script (default names) to stdout
 	@$(GO) run ./internal/cmd/schemasql
+
+proxy-schema: ## print the script of a PL/Proxy proxy database over partitions (docs/protocol.md, "Partitions") to stdout
+	@$(GO) run ./internal/cmd/schemasql -proxy
 
 bench: ## pgtransport vs the old design vs River, poison messages and dedup, about 4 minutes: table, CSV and SVG chart in $(RESULTS)/
 	cd bench && $(GO) run . -out $(abspath $(RESULTS))

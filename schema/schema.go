@@ -26,6 +26,7 @@ import (
 	"cmp"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -37,6 +38,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgtransport/pgtransport"
 )
@@ -46,6 +48,9 @@ var files embed.FS
 
 // functions is sql/functions.sql, applied whole after the numbered steps.
 var functions = mustRead("sql/functions.sql")
+
+// proxy is sql/proxy.sql, a proxy database's functions (ApplyProxy).
+var proxy = mustRead("sql/proxy.sql")
 
 func mustRead(name string) string {
 	body, err := files.ReadFile(name)
@@ -154,8 +159,48 @@ type Beginner interface {
 // connection's current schema) up to Version: the numbered steps it lacks,
 // then every function and trigger. It runs in one transaction under an
 // advisory lock: concurrent calls all succeed, and a call on an up-to-date
-// schema changes nothing.
-func Apply(ctx context.Context, db Beginner, name string) (err error) {
+// schema changes nothing. A proxy's schema (ApplyProxy) is refused with
+// ErrInvalidSchema.
+func Apply(ctx context.Context, db Beginner, name string) error {
+	return inSchema(ctx, db, name, func(tx pgx.Tx) error {
+		var isProxy bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('transport_proxy') IS NOT NULL`).Scan(&isProxy); err != nil {
+			return fmt.Errorf("schema: read schema: %w", err)
+		}
+		if isProxy {
+			return fmt.Errorf("%w: %q is a proxy's schema (ApplyProxy); the queue's goes on each partition", pgtransport.ErrInvalidSchema, name)
+		}
+		if _, err := tx.Exec(ctx, versionTable); err != nil {
+			return fmt.Errorf("schema: version table: %w", err)
+		}
+		var current int
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_schema_version`).Scan(&current); err != nil {
+			return fmt.Errorf("schema: read version: %w", err)
+		}
+		// Up to date (or applied by a newer library): run nothing, not even
+		// functions.sql, so an idle Apply rewrites no catalog row.
+		if current >= Version() {
+			return nil
+		}
+		for _, m := range migrations[current:] {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("schema: %s: %w", m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO transport_schema_version (version) VALUES ($1)`, m.Version); err != nil {
+				return fmt.Errorf("schema: record %s: %w", m.Name, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, functions); err != nil {
+			return fmt.Errorf("schema: functions.sql: %w", err)
+		}
+		return nil
+	})
+}
+
+// inSchema runs apply in one transaction on db, with search_path on the
+// schema named name (created if absent; empty: the current schema) and the
+// apply lock held, and commits if it returns nil.
+func inSchema(ctx context.Context, db Beginner, name string, apply func(pgx.Tx) error) (err error) {
 	if err := ValidateName(name); err != nil {
 		return err
 	}
@@ -190,32 +235,135 @@ func Apply(ctx context.Context, db Beginner, name string) (err error) {
 	if _, err := tx.Exec(ctx, prelude); err != nil {
 		return fmt.Errorf("schema: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, versionTable); err != nil {
-		return fmt.Errorf("schema: version table: %w", err)
-	}
-	var current int
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_schema_version`).Scan(&current); err != nil {
-		return fmt.Errorf("schema: read version: %w", err)
-	}
-	// Up to date (or applied by a newer library): run nothing, not even
-	// functions.sql, so an idle Apply rewrites no catalog row.
-	if current < Version() {
-		for _, m := range migrations[current:] {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("schema: %s: %w", m.Name, err)
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO transport_schema_version (version) VALUES ($1)`, m.Version); err != nil {
-				return fmt.Errorf("schema: record %s: %w", m.Name, err)
-			}
-		}
-		if _, err := tx.Exec(ctx, functions); err != nil {
-			return fmt.Errorf("schema: functions.sql: %w", err)
-		}
+	if err := apply(tx); err != nil {
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("schema: commit: %w", err)
 	}
 	return nil
+}
+
+// Partition numbers the queue in the schema named name (empty: the current
+// one), already brought to Version by Apply, as partition index (0 to
+// 1,023) of a cluster behind a proxy (ApplyProxy), and makes its message
+// seqs disjoint from every other partition's (seq & 1023 == index). Run it
+// on each partition, by the schema's owner, before the proxy routes to it;
+// again with the same index it changes nothing. Another index than the one
+// recorded, or one out of range, is ErrInvalidConfig: the messages there
+// would be looked for in another partition.
+func Partition(ctx context.Context, db Beginner, name string, index int) error {
+	if index < 0 || index > 1023 {
+		return fmt.Errorf("schema: %w: partition index %d is not 0 to 1023", pgtransport.ErrInvalidConfig, index)
+	}
+	return inSchema(ctx, db, name, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT harel_partition($1)`, index)
+		return refused(err, "number the partition")
+	})
+}
+
+// refused is err of the call that would do what: a refusal of the
+// partitions' functions (22023: a cluster or number that would misroute)
+// as ErrInvalidConfig with the server's reason, anything else wrapped.
+func refused(err error, what string) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22023" {
+		return fmt.Errorf("schema: %w: %s", pgtransport.ErrInvalidConfig, pgErr.Message)
+	}
+	if err != nil {
+		return fmt.Errorf("schema: %s: %w", what, err)
+	}
+	return nil
+}
+
+// ApplyProxy installs, in the schema named name of a proxy database (empty:
+// the current one), the protocol's functions as PL/Proxy functions over
+// cluster pgtransport: sql/proxy.sql, which says what each does and what a
+// proxy cannot. The database needs the plproxy extension and the cluster (a
+// foreign server pgtransport of the plproxy wrapper whose options p0 ...
+// pN-1 name the partitions, N a power of two, and a user mapping); each
+// partition needs the queue in a schema of the same name at Version
+// (Apply), numbered by its place (Partition). ApplyProxy checks all of that
+// through the cluster and refuses, with ErrInvalidConfig, what would route
+// wrongly; a queue's own schema is ErrInvalidSchema. It runs in one
+// transaction under the apply lock; on an up-to-date proxy it changes
+// nothing but still checks the partitions.
+func ApplyProxy(ctx context.Context, db Beginner, name string) error {
+	return inSchema(ctx, db, name, func(tx pgx.Tx) error {
+		var isQueue, hasPLProxy bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('transport_schema_version') IS NOT NULL,
+		                                   EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'plproxy')`).Scan(&isQueue, &hasPLProxy); err != nil {
+			return fmt.Errorf("schema: read schema: %w", err)
+		}
+		switch {
+		case isQueue:
+			return fmt.Errorf("%w: %q holds a queue (Apply); a proxy's schema holds none", pgtransport.ErrInvalidSchema, name)
+		case !hasPLProxy:
+			return fmt.Errorf("schema: %w: the proxy database has no plproxy extension (CREATE EXTENSION plproxy; Debian: apt-get install postgresql-<version>-plproxy)", pgtransport.ErrInvalidConfig)
+		}
+		if _, err := tx.Exec(ctx, proxyTable); err != nil {
+			return fmt.Errorf("schema: proxy table: %w", err)
+		}
+		var current int
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_proxy`).Scan(&current); err != nil {
+			return fmt.Errorf("schema: read version: %w", err)
+		}
+		if current < Version() {
+			if _, err := tx.Exec(ctx, proxy); err != nil {
+				return fmt.Errorf("schema: proxy.sql: %w", err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO transport_proxy (version) VALUES ($1)`, Version()); err != nil {
+				return fmt.Errorf("schema: record the proxy's version: %w", err)
+			}
+		}
+		_, err := tx.Exec(ctx, `SELECT harel_px_check($1)`, Version())
+		return refused(err, "check the partitions")
+	})
+}
+
+// ProxyGrants returns the statements that let role work a queue through
+// the proxy in schema (empty: public) of a proxy database: call its
+// functions, make the design's two-INSERT publish (whose rows it writes
+// and deletes there until they go to the partitions), read the partition
+// count the proxy was checked with, and use cluster pgtransport. PL/Proxy connects to the partitions as the calling role
+// unless the cluster's connection strings or user mapping name another, so
+// that role needs Grants on every partition too. Identifiers are quoted;
+// errors as Grants'.
+func ProxyGrants(schema, role string) (string, error) {
+	if _, err := Grants(schema, role); err != nil {
+		return "", err
+	}
+	s := pgx.Identifier{cmp.Or(schema, "public")}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
+	return strings.Join([]string{
+		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
+		"GRANT SELECT, INSERT, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups TO " + r,
+		"GRANT SELECT ON " + s + ".transport_proxy_parts TO " + r,
+		"GRANT USAGE ON SEQUENCE " + s + ".transport_messages_seq_seq TO " + r,
+		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
+		"GRANT USAGE ON FOREIGN SERVER pgtransport TO " + r,
+	}, ";\n") + ";\n", nil
+}
+
+// proxyTable marks a proxy's schema and records the versions of proxy.sql
+// applied there; Apply refuses a schema that has it.
+const proxyTable = `CREATE TABLE IF NOT EXISTS transport_proxy (
+    version    INT PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+`
+
+// ProxySQL returns the proxy's complete script, loadable with psql into a
+// proxy database that has the plproxy extension and the cluster: what
+// ApplyProxy runs, in the current schema, in one transaction, ending with
+// the partitions' check.
+func ProxySQL() string {
+	var b strings.Builder
+	scriptStart(&b, "proxy", "make proxy-schema")
+	b.WriteString(proxyTable)
+	fmt.Fprintf(&b, "\n-- proxy.sql\n%s", proxy)
+	fmt.Fprintf(&b, "\nINSERT INTO transport_proxy (version) VALUES (%d) ON CONFLICT (version) DO NOTHING;\n", Version())
+	fmt.Fprintf(&b, "SELECT harel_px_check(%d);\nCOMMIT;\n", Version())
+	return b.String()
 }
 
 // CurrentVersion reports the version recorded in the named schema, 0 if none.
@@ -234,6 +382,15 @@ func CurrentVersion(ctx context.Context, db interface {
 	return v, nil
 }
 
+// scriptStart writes a script's head: what it is and where it creates
+// things, BEGIN, and the prelude.
+func scriptStart(b *strings.Builder, what, target string) {
+	fmt.Fprintf(b, "-- pgtransport %s, version %d. Generated by `%s`; do not edit.\n", what, Version(), target)
+	b.WriteString("-- Creates every object in the current schema (the first existing schema on search_path).\n")
+	b.WriteString("BEGIN;\n")
+	b.WriteString(prelude)
+}
+
 // SQL returns the complete script, loadable with psql into an empty database
 // or over any earlier version: it creates everything in the current schema
 // (the first existing one on search_path), in one transaction: every
@@ -241,10 +398,7 @@ func CurrentVersion(ctx context.Context, db interface {
 // versions.
 func SQL() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "-- pgtransport schema, version %d. Generated by `make schema`; do not edit.\n", Version())
-	b.WriteString("-- Creates every object in the current schema (the first existing schema on search_path).\n")
-	b.WriteString("BEGIN;\n")
-	b.WriteString(prelude)
+	scriptStart(&b, "schema", "make schema")
 	b.WriteString(versionTable)
 	for _, m := range migrations {
 		fmt.Fprintf(&b, "\n-- %s\n%s", m.Name, m.SQL)
@@ -286,7 +440,7 @@ func Grants(schema, role string) (string, error) {
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters, " +
 			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states TO " + r,
-		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy TO " + r,
+		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy, " + s + ".transport_partition TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_arrival, " + s + ".transport_claim_new, " + s + ".transport_claim_floor, " + s + ".transport_claim_held, " + s + ".transport_claim_sweep TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,

@@ -50,10 +50,11 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// Shutdown stops the test PgBouncer, closes the shared pool and stops the
+// Shutdown stops the test PgBouncer, closes the partitions' and the shared pools and stops the
 // throwaway cluster, if any.
 func Shutdown() {
 	stopBouncer()
+	stopPartitions()
 	mu.Lock()
 	defer mu.Unlock()
 	if admin != nil {

@@ -221,11 +221,13 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 		table = pgx.Identifier{s.cfg.Schema, table}.Sanitize()
 	}
 	// The library has no call for these (yet): the last seq handed out
-	// (published: seqs are taken once each) and the rows ever deleted from
-	// the messages (acked, purged or dead-lettered; PostgreSQL's statistics
+	// over the sequence's step (published: seqs are taken once each; a
+	// partition's step is 1,024) and the rows ever deleted from the
+	// messages (acked, purged or dead-lettered; PostgreSQL's statistics
 	// counter, flushed about once a second).
 	err = s.cfg.DB.QueryRow(ctx, `
-		SELECT COALESCE(pg_sequence_last_value(pg_get_serial_sequence($1, 'seq')::regclass), 0),
+		SELECT COALESCE((SELECT pg_sequence_last_value(q.seqrelid) / q.seqincrement FROM pg_sequence AS q
+		                  WHERE q.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass), 0),
 		       COALESCE((SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = $1::regclass), -1)`, table).
 		Scan(&sm.LastSeq, &sm.Deleted)
 	if err != nil {

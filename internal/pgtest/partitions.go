@@ -1,0 +1,304 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+// Partitioned is one test's queue spread over partition databases behind a
+// PL/Proxy proxy database, all on the test server: a fresh schema of one
+// name in each (the queue, numbered, in every partition; the proxy's
+// functions in the proxy), dropped when the test ends.
+type Partitioned struct {
+	Schema   string
+	Proxy    *pgxpool.Pool   // on the proxy database; search_path is Schema
+	Parts    []*pgxpool.Pool // Parts[i] on partition i's database; search_path is Schema
+	ProxyDSN string
+	PartDSNs []string
+}
+
+// plproxyInstall says what a run without PL/Proxy needs.
+const plproxyInstall = `no PL/Proxy on the test server: the partitioned tests are skipped.
+Install it (Debian/Ubuntu: apt-get install postgresql-<server version>-plproxy; .ci/run does).`
+
+// clusters are the partition and proxy databases this process has set up,
+// by partition count: made once per server and kept (their schemas are the
+// tests'), so processes share them.
+var clusters struct {
+	mu   stdsync.Mutex
+	byN  map[int]*partCluster
+	errs map[int]error
+}
+
+type partCluster struct {
+	proxyDSN string
+	partDSNs []string
+	proxy    *pgxpool.Pool // admin pools: schemas are made and dropped here
+	parts    []*pgxpool.Pool
+}
+
+// Partitions returns a fresh queue over n partitions (a power of two) for
+// tb. Without PL/Proxy on the server the test is skipped, loudly (on stderr
+// too); any other failure fails it.
+func Partitions(tb testing.TB, n int) *Partitioned {
+	tb.Helper()
+	DSN(tb)
+	c, err := partitionCluster(n)
+	if errors.Is(err, errNoPLProxy) {
+		fmt.Fprintln(os.Stderr, "pgtest: "+plproxyInstall)
+		tb.Skip("pgtest: " + plproxyInstall)
+	}
+	if err != nil {
+		tb.Fatalf("pgtest: partitions: %v", err)
+	}
+	p, err := c.open()
+	if err != nil {
+		tb.Fatalf("pgtest: partitions: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := c.drop(p); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return p
+}
+
+var errNoPLProxy = errors.New("no plproxy extension")
+
+func partitionCluster(n int) (*partCluster, error) {
+	clusters.mu.Lock()
+	defer clusters.mu.Unlock()
+	if c := clusters.byN[n]; c != nil {
+		return c, nil
+	}
+	if err := clusters.errs[n]; err != nil {
+		return nil, err
+	}
+	c, err := setUpCluster(n)
+	if clusters.byN == nil {
+		clusters.byN, clusters.errs = map[int]*partCluster{}, map[int]error{}
+	}
+	if err != nil {
+		clusters.errs[n] = err
+		return nil, err
+	}
+	clusters.byN[n] = c
+	return c, nil
+}
+
+// setUpCluster creates (if absent) n partition databases and a proxy
+// database with the plproxy extension and cluster pgtransport over them,
+// under a server-wide advisory lock: test processes of several packages
+// run at once, and CREATE DATABASE fails while another copies template1.
+func setUpCluster(n int) (_ *partCluster, err error) {
+	dsn, adm, err := server()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var available bool
+	if err := adm.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'plproxy')`).Scan(&available); err != nil {
+		return nil, err
+	}
+	if !available {
+		return nil, errNoPLProxy
+	}
+	base, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := adm.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	const lockKey = 0x70677470 // "pgtp", as schema's apply lock; the second key differs
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, -1)`, lockKey); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_, uerr := conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1, -1)`, lockKey)
+		err = errors.Join(err, uerr)
+	}()
+	c := &partCluster{}
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("pgtransport_test_%dparts_p%d", n, i)
+	}
+	proxyName := fmt.Sprintf("pgtransport_test_%dparts_proxy", n)
+	for _, name := range append(names, proxyName) {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "42P04" { // duplicate_database
+				return nil, fmt.Errorf("create database %s: %w", name, err)
+			}
+		}
+	}
+	dbDSN := func(db string) string {
+		cfg := base.Copy()
+		cfg.Database = db
+		return connString(cfg)
+	}
+	for _, name := range names {
+		c.partDSNs = append(c.partDSNs, dbDSN(name))
+	}
+	c.proxyDSN = dbDSN(proxyName)
+	for _, d := range c.partDSNs {
+		p, err := open(d, 4)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.parts = append(c.parts, p)
+	}
+	if c.proxy, err = open(c.proxyDSN, 4); err != nil {
+		c.close()
+		return nil, err
+	}
+	// The cluster: PL/Proxy connects to each partition as the tests do.
+	// The options are quoted by format's %L, never spliced in here.
+	if _, err := c.proxy.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS plproxy`); err != nil {
+		c.close()
+		return nil, err
+	}
+	var ddl string
+	if err := c.proxy.QueryRow(ctx, `
+		SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = 'pgtransport')
+		            THEN 'ALTER SERVER pgtransport OPTIONS (' || string_agg(format('SET p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
+		            ELSE 'CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy OPTIONS (' || string_agg(format('p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
+		       END
+		  FROM unnest($1::TEXT[]) WITH ORDINALITY AS t(c, i)`, c.partDSNs).Scan(&ddl); err != nil {
+		c.close()
+		return nil, err
+	}
+	for _, q := range []string{ddl, `CREATE USER MAPPING IF NOT EXISTS FOR PUBLIC SERVER pgtransport`} {
+		if _, err := c.proxy.Exec(ctx, q); err != nil {
+			c.close()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
+	for _, p := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
+		if _, err := sweep(ctx, p, time.Now()); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		}
+	}
+	return c, nil
+}
+
+// connString is cfg as a keyword/value connection string, for PL/Proxy's
+// libpq: host, port, database and password, each quoted. No user: PL/Proxy
+// then connects as the calling role, as TestProxyLeastPrivilege needs.
+func connString(cfg *pgx.ConnConfig) string {
+	q := func(v string) string {
+		out := []byte{'\''}
+		for i := 0; i < len(v); i++ {
+			if v[i] == '\'' || v[i] == '\\' {
+				out = append(out, '\\')
+			}
+			out = append(out, v[i])
+		}
+		return string(append(out, '\''))
+	}
+	s := fmt.Sprintf("host=%s port=%d dbname=%s", q(cfg.Host), cfg.Port, q(cfg.Database))
+	if cfg.Password != "" {
+		s += " password=" + q(cfg.Password)
+	}
+	return s
+}
+
+func (c *partCluster) close() {
+	for _, p := range c.parts {
+		p.Close()
+	}
+	if c.proxy != nil {
+		c.proxy.Close()
+	}
+}
+
+// open makes a fresh schema in every database: the queue in each partition
+// (applied and numbered), the proxy's functions in the proxy (applied last:
+// it checks the partitions).
+func (c *partCluster) open() (_ *Partitioned, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	p := &Partitioned{Schema: "t_" + hex.EncodeToString(b[:]), ProxyDSN: c.proxyDSN, PartDSNs: c.partDSNs}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, c.drop(p))
+		}
+	}()
+	pool := func(dsn string, adm *pgxpool.Pool) (*pgxpool.Pool, error) {
+		if err := createSchema(ctx, adm, p.Schema, owner, time.Now()); err != nil {
+			return nil, fmt.Errorf("create schema: %w", err)
+		}
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = 8
+		cfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
+		return pgxpool.NewWithConfig(ctx, cfg)
+	}
+	for i, adm := range c.parts {
+		part, err := pool(c.partDSNs[i], adm)
+		if err != nil {
+			return p, err
+		}
+		p.Parts = append(p.Parts, part)
+		if err := schema.Apply(ctx, part, p.Schema); err != nil {
+			return p, err
+		}
+		if err := schema.Partition(ctx, part, p.Schema, i); err != nil {
+			return p, err
+		}
+	}
+	if p.Proxy, err = pool(c.proxyDSN, c.proxy); err != nil {
+		return p, err
+	}
+	if err := schema.ApplyProxy(ctx, p.Proxy, p.Schema); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// drop closes p's pools and drops its schema everywhere.
+func (c *partCluster) drop(p *Partitioned) error {
+	var errs []error
+	for i, adm := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
+		if i == 0 && p.Proxy != nil {
+			p.Proxy.Close()
+		} else if i > 0 && i <= len(p.Parts) {
+			p.Parts[i-1].Close()
+		}
+		if _, err := adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{p.Schema}.Sanitize()+" CASCADE"); err != nil {
+			errs = append(errs, fmt.Errorf("drop schema %s: %w", p.Schema, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stopPartitions closes the admin pools of the partition clusters.
+func stopPartitions() {
+	clusters.mu.Lock()
+	defer clusters.mu.Unlock()
+	for _, c := range clusters.byN {
+		c.close()
+	}
+	clusters.byN = nil
+}

@@ -1,0 +1,577 @@
+package schema_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/schema"
+)
+
+// The proxy tests speak the protocol in plain SQL to a PL/Proxy proxy over
+// four partitions, as a client in another language would, and look at the
+// partitions directly to see where things went.
+
+const nowSQL = `extract(epoch FROM clock_timestamp())`
+
+// home is the partition a group lives in, by the server's hashtext.
+func home(t *testing.T, p *pgtest.Partitioned, group string) int {
+	t.Helper()
+	var h int
+	if err := p.Proxy.QueryRow(ctx(t), `SELECT hashtext($1) & $2`, group, len(p.Parts)-1).Scan(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// groupIn returns a group id (prefix plus a number) whose home is part.
+func groupIn(t *testing.T, p *pgtest.Partitioned, prefix string, part int) string {
+	t.Helper()
+	for i := 0; ; i++ {
+		g := prefix + strconv.Itoa(i)
+		if home(t, p, g) == part {
+			return g
+		}
+	}
+}
+
+func claim(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, token string, floor int) (group string, seq int64, event string, ok bool) {
+	t.Helper()
+	err := db.QueryRow(ctx(t), `SELECT * FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 30, $1, $2)`, token, floor).Scan(&group, &seq, &event)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", 0, "", false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return group, seq, event, true
+}
+
+// twoInserts publishes the design's way, two INSERTs in one transaction,
+// message first, and commits it (or rolls it back).
+func twoInserts(t *testing.T, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, group, event string, priority int, commit bool) error {
+	tx, err := db.Begin(ctx(t))
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx(t), `INSERT INTO transport_messages (group_id, event) VALUES ($1, $2)`, group, event); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority) VALUES ($1, NULL, NULL, $2) ON CONFLICT (group_id) DO NOTHING`, group, priority); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback(ctx(t))
+	}
+	return tx.Commit(ctx(t))
+}
+
+func sqlstate(err error) string {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// TestProxyProtocol: the design's publish (both forms), claim and ack
+// through the proxy, by four concurrent consumers: every message is
+// delivered once, in order within its group, each group held by one
+// consumer at a time; a rolled-back publish delivers nothing; every group
+// lives in its hash's partition and every seq names its partition.
+func TestProxyProtocol(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	const groups, per = 24, 5
+	for m := range per {
+		for g := range groups {
+			group, event := "order-"+strconv.Itoa(g), strconv.Itoa(m)
+			if g%2 == 0 {
+				is.NoErr(twoInserts(t, p.Proxy, group, event, g%5, true))
+			} else {
+				_, err := p.Proxy.Exec(ctx(t), `SELECT harel_publish($1, $2, $3)`, group, event, g%5)
+				is.NoErr(err)
+			}
+		}
+	}
+	is.NoErr(twoInserts(t, p.Proxy, "rolled-back", "x", 0, false))
+
+	// Where everything went: each group in its home partition, with the
+	// priority its first publish gave it; each seq's low bits its partition.
+	total := 0
+	for i, part := range p.Parts {
+		rows, err := part.Query(ctx(t), `SELECT g.group_id, g.priority, m.seq FROM transport_groups g JOIN transport_messages m USING (group_id)`)
+		is.NoErr(err)
+		for rows.Next() {
+			var group string
+			var prio int
+			var seq int64
+			is.NoErr(rows.Scan(&group, &prio, &seq))
+			is.Equal(home(t, p, group), i) // the group is in its home partition
+			is.Equal(int(seq&1023), i)     // the seq names its partition
+			n, _ := strconv.Atoi(group[len("order-"):])
+			is.Equal(prio, n%5) // the first publish's priority
+			total++
+		}
+		is.NoErr(rows.Err())
+	}
+	is.Equal(total, groups*per) // the rolled-back publish reached no partition
+	var left int
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&left))
+	is.Equal(left, 0) // nothing is kept on the proxy
+
+	var mu stdsync.Mutex
+	holder := map[string]string{}
+	got := map[string][]string{}
+	var wg stdsync.WaitGroup
+	errs := make(chan error, groups*per*2)
+	for w := range 4 {
+		wg.Go(func() {
+			for empty := 0; empty < 3; {
+				token := fmt.Sprintf("w%d:%d", w, rand.Int64())
+				var group, event string
+				var seq int64
+				err := p.Proxy.QueryRow(ctx(t), `SELECT * FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 30, $1)`, token).Scan(&group, &seq, &event)
+				if errors.Is(err, pgx.ErrNoRows) {
+					empty++
+					continue
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				empty = 0
+				mu.Lock()
+				h := holder[group]
+				holder[group] = token
+				got[group] = append(got[group], event)
+				mu.Unlock()
+				if h != "" {
+					errs <- fmt.Errorf("group %s claimed by %s while %s holds it", group, token, h)
+				}
+				time.Sleep(time.Millisecond) // hold it a while
+				mu.Lock()
+				delete(holder, group) // before the ack: once it commits, another may claim
+				mu.Unlock()
+				var acked bool
+				if err := p.Proxy.QueryRow(ctx(t), `SELECT harel_ack($1, $2, $3, `+nowSQL+`)`, group, seq, token).Scan(&acked); err != nil {
+					errs <- err
+					return
+				}
+				if !acked {
+					errs <- fmt.Errorf("ack of %s/%d refused", group, seq)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	is.Equal(len(got), groups) // every group delivered, the rolled-back one not
+	for g, events := range got {
+		is.Equal(fmt.Sprint(events), "[0 1 2 3 4]") // once each, in publish order
+		_ = g
+	}
+	var groupsLeft int64
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT groups + messages FROM harel_stats() WHERE priority IS NULL`).Scan(&groupsLeft))
+	is.Equal(groupsLeft, int64(0)) // drained everywhere
+}
+
+// TestProxyClaimNeverEmptyWhileWork: with one claimable group in each
+// partition, four claims in a row through the proxy lease all four (a
+// claim asks the partitions in turn until one leases), the fifth finds
+// none; a priority floor is applied in every partition.
+func TestProxyClaimNeverEmptyWhileWork(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	for round := range 3 {
+		want := map[string]bool{}
+		for i := range p.Parts {
+			g := groupIn(t, p, fmt.Sprintf("r%d-p%d-", round, i), i)
+			want[g] = true
+			_, err := p.Proxy.Exec(ctx(t), `SELECT harel_publish($1, 'x', $2)`, g, i)
+			is.NoErr(err)
+		}
+		// Floor 3: only partition 3's group (priority 3) qualifies.
+		g, _, _, ok := claim(t, p.Proxy, "floor", 3)
+		is.True(ok)
+		is.Equal(home(t, p, g), 3)
+		_, _, _, ok = claim(t, p.Proxy, "floor", 3)
+		is.True(!ok) // nothing else at priority 3 or above
+		delete(want, g)
+		for range len(want) {
+			g, _, _, ok := claim(t, p.Proxy, "any", 0)
+			is.True(ok) // never empty while a partition has work
+			is.True(want[g])
+			delete(want, g)
+		}
+		_, _, _, ok = claim(t, p.Proxy, "any", 0)
+		is.True(!ok)
+		// Give everything back for the next round's partitions to drain.
+		for _, part := range p.Parts {
+			_, err := part.Exec(ctx(t), `DELETE FROM transport_messages; DELETE FROM transport_groups`)
+			is.NoErr(err)
+		}
+	}
+}
+
+// TestProxyBatchesInInputOrder: a batch spread over every partition comes
+// back in input order (publish, keyed publish, claim many, ack many,
+// extend many), each answer the one its own partition gave.
+func TestProxyBatchesInInputOrder(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	var groups, events []string
+	for i := range 32 {
+		groups = append(groups, "b"+strconv.Itoa(i%12))
+		events = append(events, "e"+strconv.Itoa(i))
+	}
+	prios := make([]int32, len(groups))
+	rows, err := p.Proxy.Query(ctx(t), `SELECT * FROM harel_publish_many($1, $2, $3)`, groups, events, prios)
+	is.NoErr(err)
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	is.NoErr(err)
+	is.Equal(len(seqs), len(groups))
+	for i, seq := range seqs {
+		is.Equal(int(seq&3), home(t, p, groups[i])) // seq i is from group i's partition ...
+		var event string
+		is.NoErr(p.Parts[seq&3].QueryRow(ctx(t), `SELECT event FROM transport_messages WHERE seq = $1`, seq).Scan(&event))
+		is.Equal(event, events[i]) // ... and is message i
+	}
+
+	// A keyed publish: a repeated key answers the first publish's seq.
+	keys := []string{"k1", "k2", "k1", "k3"}
+	kg := []string{"kg-a", "kg-b", "kg-a", "kg-c"}
+	rows, err = p.Proxy.Query(ctx(t), `SELECT * FROM harel_publish_keyed($1, $2, $3, $4, 60)`, kg, []string{"1", "2", "3", "4"}, []int32{0, 0, 0, 0}, keys)
+	is.NoErr(err)
+	kseqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	is.NoErr(err)
+	is.Equal(len(kseqs), 4)
+	is.Equal(kseqs[2], kseqs[0]) // the repeat is the first message
+	for i, seq := range kseqs {
+		is.Equal(int(seq&3), home(t, p, kg[i]))
+	}
+
+	// Claim many leases one group of each of the 15 groups.
+	type lease struct {
+		group string
+		seq   int64
+	}
+	rows, err = p.Proxy.Query(ctx(t), `SELECT group_id, seq FROM harel_claim_many(`+nowSQL+`, `+nowSQL+` + 30, 'batch', 0, 100)`)
+	is.NoErr(err)
+	leases, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
+		var l lease
+		return l, r.Scan(&l.group, &l.seq)
+	})
+	is.NoErr(err)
+	is.Equal(len(leases), 15)
+	rand.Shuffle(len(leases), func(i, j int) { leases[i], leases[j] = leases[j], leases[i] })
+	// An extend of them all, one with a wrong token.
+	var lg, ltok []string
+	var ls []int64
+	for i, l := range leases {
+		lg, ls = append(lg, l.group), append(ls, l.seq)
+		tok := "batch"
+		if i == 3 {
+			tok = "wrong"
+		}
+		ltok = append(ltok, tok)
+	}
+	rows, err = p.Proxy.Query(ctx(t), `SELECT group_id, held FROM harel_extend_many($1, $2, $3, `+nowSQL+` + 60)`, lg, ls, ltok)
+	is.NoErr(err)
+	ext, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var g string
+		var held bool
+		err := r.Scan(&g, &held)
+		return [2]string{g, strconv.FormatBool(held)}, err
+	})
+	is.NoErr(err)
+	is.Equal(len(ext), len(lg))
+	for i := range ext {
+		is.Equal(ext[i][0], lg[i])                      // input order
+		is.Equal(ext[i][1], strconv.FormatBool(i != 3)) // the wrong token is not held
+	}
+	// Ack them all, keeping each group for its next message, plus a repeat
+	// of the first entry at the end (refused, as a repeat is).
+	lg, ls, ltok = append(lg, lg[0]), append(ls, ls[0]), append(ltok, "batch")
+	keep := make([]bool, len(lg))
+	for i := range keep {
+		keep[i] = true
+	}
+	rows, err = p.Proxy.Query(ctx(t), `SELECT group_id, held, next_seq FROM harel_ack_many($1, $2, $3, $4, `+nowSQL+`, `+nowSQL+` + 30)`, lg, ls, ltok, keep)
+	is.NoErr(err)
+	type acked struct {
+		group string
+		held  bool
+		next  *int64
+	}
+	acks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (acked, error) {
+		var a acked
+		return a, r.Scan(&a.group, &a.held, &a.next)
+	})
+	is.NoErr(err)
+	is.Equal(len(acks), len(lg))
+	for i, a := range acks {
+		is.Equal(a.group, lg[i])                   // input order
+		is.Equal(a.held, i != 3 && i != len(lg)-1) // the wrong token and the repeat are not held
+		if a.held && a.next != nil {
+			is.Equal(int(*a.next&3), home(t, p, a.group)) // the next message is from the group's partition
+		}
+	}
+}
+
+// TestProxyDeadLetters: dead letters of every partition page through the
+// proxy in one seq order, and a redrive or purge by seq alone reaches the
+// partition each seq names.
+func TestProxyDeadLetters(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	for _, part := range p.Parts { // the policy is each partition's
+		_, err := part.Exec(ctx(t), `UPDATE transport_policy SET max_attempts = 1`)
+		is.NoErr(err)
+	}
+	var groups []string
+	for i := range p.Parts {
+		for j := range 2 {
+			g := groupIn(t, p, fmt.Sprintf("dl%d-%d-", i, j), i)
+			groups = append(groups, g)
+			_, err := p.Proxy.Exec(ctx(t), `SELECT harel_publish($1, 'poison')`, g)
+			is.NoErr(err)
+		}
+	}
+	for range groups {
+		g, seq, _, ok := claim(t, p.Proxy, "f", 0)
+		is.True(ok)
+		var outcome string
+		is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT harel_fail($1, $2, 'f', `+nowSQL+`, 'boom')`, g, seq).Scan(&outcome))
+		is.Equal(outcome, "dead")
+	}
+	var all []int64
+	var after *int64
+	for {
+		rows, err := p.Proxy.Query(ctx(t), `SELECT seq FROM harel_dead_letters(NULL, $1, 3)`, after)
+		is.NoErr(err)
+		page, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		is.NoErr(err)
+		if len(page) == 0 {
+			break
+		}
+		is.True(len(page) <= 3)
+		all = append(all, page...)
+		after = &page[len(page)-1]
+	}
+	is.Equal(len(all), len(groups)) // every partition's, once each
+	for i := 1; i < len(all); i++ {
+		is.True(all[i] > all[i-1]) // in seq order
+	}
+	var n int64
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT harel_redrive(NULL, $1)`, all[:3]).Scan(&n))
+	is.Equal(n, int64(3)) // by seq alone
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT harel_purge_dead_letters($1, NULL)`, groups[7]).Scan(&n))
+	is.Equal(n, int64(1)) // by group
+	var dead, queued int64
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT dead_letters, messages FROM harel_stats() WHERE priority IS NULL`).Scan(&dead, &queued))
+	is.Equal(dead, int64(len(groups)-4))
+	is.Equal(queued, int64(3))
+}
+
+// TestProxyRefusals: a partition's refusal reaches the proxy's client with
+// its SQLSTATE, and the proxy refuses what it checks itself the same way.
+func TestProxyRefusals(t *testing.T) {
+	t.Parallel()
+	p := pgtest.Partitions(t, 4)
+	for _, c := range []struct {
+		name, sql, state string
+	}{
+		{"empty group", `SELECT harel_publish('', 'x')`, "23514"},
+		{"NULL group", `SELECT harel_publish(NULL, 'x')`, "23502"},
+		{"empty group, two INSERTs", `INSERT INTO transport_messages (group_id, event) VALUES ('', 'x')`, "23514"},
+		{"empty token", `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` + 30, '')`, "PT002"},
+		{"lease before now", `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` - 1, 't')`, "PT003"},
+		{"clock skew", `SELECT harel_ack('g', 1, 't', ` + nowSQL + ` - 3600)`, "PT005"},
+		{"unknown group", `SELECT * FROM harel_peek('nobody', NULL, 10)`, "PT007"},
+		{"arrays of different lengths", `SELECT * FROM harel_publish_many(ARRAY['a','b'], ARRAY['x'], ARRAY[0,0])`, "22023"},
+		// A batch one partition would refuse is refused before any writes.
+		{"a bad group in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d',''], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,0])`, "23514"},
+		{"a NULL event in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4',NULL], ARRAY[0,0,0,0,0])`, "23502"},
+		{"a bad priority in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,5])`, "23514"},
+		{"a bad key in a batch", `SELECT * FROM harel_publish_keyed(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,0], ARRAY['k','k','k','k',''], 60)`, "PT006"},
+		{"negative window", `SELECT * FROM harel_publish_keyed(ARRAY['a'], ARRAY['x'], ARRAY[0], ARRAY['k'], -1)`, "PT006"},
+		{"unknown order", `SELECT * FROM harel_groups(NULL, NULL, 'sideways', 0, 10)`, "22023"},
+	} {
+		_, err := p.Proxy.Exec(ctx(t), c.sql)
+		if got := sqlstate(err); got != c.state {
+			t.Errorf("%s: SQLSTATE %q (%v), want %s", c.name, got, err, c.state)
+		}
+	}
+	for i, part := range p.Parts {
+		var n int
+		if err := part.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&n); err != nil || n != 0 {
+			t.Errorf("partition %d holds %d messages (%v) after refusals only", i, n, err)
+		}
+	}
+}
+
+// TestProxyStatsAndGroupsAddUp: the proxy's stats are the partitions'
+// added up, and its group list is theirs merged in the order asked.
+func TestProxyStatsAndGroupsAddUp(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	for i := range 20 {
+		_, err := p.Proxy.Exec(ctx(t), `SELECT harel_publish($1, 'x', $2)`, "s"+strconv.Itoa(i%7), i%3)
+		is.NoErr(err)
+	}
+	_, _, _, ok := claim(t, p.Proxy, "held", 0)
+	is.True(ok)
+	stats := func(db *pgxpool.Pool) (groups, leased, msgs int64) {
+		is.NoErr(db.QueryRow(ctx(t), `SELECT groups, leased, messages FROM harel_stats() WHERE priority IS NULL`).Scan(&groups, &leased, &msgs))
+		return
+	}
+	var sg, sl, sm int64
+	for _, part := range p.Parts {
+		g, l, m := stats(part)
+		sg, sl, sm = sg+g, sl+l, sm+m
+	}
+	g, l, m := stats(p.Proxy)
+	is.Equal([]int64{g, l, m}, []int64{sg, sl, sm})
+	is.Equal([]int64{g, l, m}, []int64{7, 1, 20})
+
+	rows, err := p.Proxy.Query(ctx(t), `SELECT group_id FROM harel_groups(NULL, NULL, 'group', 2, 3)`)
+	is.NoErr(err)
+	page, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	is.NoErr(err)
+	is.Equal(page, []string{"s2", "s3", "s4"}) // merged by id, then the page
+	var holder string
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT holder FROM harel_groups(NULL, 'leased', NULL, 0, 10)`).Scan(&holder))
+	is.Equal(holder, "held")
+}
+
+// TestApplyProxyRefuses: a proxy over partitions that are not numbered, or
+// numbered out of their places, is refused; the queue's Apply refuses a
+// proxy's schema and ApplyProxy a queue's; a partition is not renumbered.
+func TestApplyProxyRefuses(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	err := schema.Apply(ctx(t), p.Proxy, p.Schema)
+	is.True(errors.Is(err, pgtransport.ErrInvalidSchema)) // a proxy holds no queue
+	err = schema.ApplyProxy(ctx(t), p.Parts[0], p.Schema)
+	is.True(errors.Is(err, pgtransport.ErrInvalidSchema))       // a queue is not a proxy
+	is.NoErr(schema.Partition(ctx(t), p.Parts[1], p.Schema, 1)) // again: nothing changes
+	err = schema.Partition(ctx(t), p.Parts[1], p.Schema, 2)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // not renumbered
+	err = schema.Partition(ctx(t), p.Parts[1], p.Schema, 1024)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)) // up to date: checks and passes
+
+	// A cluster whose partition count is not the one the proxy was checked
+	// with (as after an ALTER SERVER that adds partitions) routes nothing.
+	_, err = p.Proxy.Exec(ctx(t), `UPDATE transport_proxy_parts SET parts = 8`)
+	is.NoErr(err)
+	for _, q := range []string{`SELECT harel_publish('moved', 'x')`, `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` + 30, 't')`, `SELECT * FROM harel_stats()`} {
+		_, err = p.Proxy.Exec(ctx(t), q)
+		is.Equal(sqlstate(err), "22023") // refused
+	}
+	is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)) // checked again: the count is the cluster's
+	_, err = p.Proxy.Exec(ctx(t), `SELECT harel_publish('moved', 'x')`)
+	is.NoErr(err)
+
+	// A partition that lost its number (as a database never numbered is).
+	_, err = p.Parts[2].Exec(ctx(t), `DELETE FROM transport_partition`)
+	is.NoErr(err)
+	err = schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	t.Log(err)
+	// Numbered as another place: its groups would be looked for elsewhere.
+	_, err = p.Parts[2].Exec(ctx(t), `INSERT INTO transport_partition (part) VALUES (3)`)
+	is.NoErr(err)
+	err = schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+}
+
+// TestProxyLeastPrivilege: a role given ProxyGrants on the proxy and Grants
+// on each partition, and nothing else, publishes (both forms), claims,
+// acks and reads the stats through the proxy; it cannot change the
+// proxy's functions.
+func TestProxyLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	role := "w_" + p.Schema
+	r := pgx.Identifier{role}.Sanitize()
+	dbs := append([]*pgxpool.Pool{p.Proxy}, p.Parts...)
+	_, err := p.Proxy.Exec(ctx(t), `CREATE ROLE `+r+` LOGIN`)
+	is.NoErr(err)
+	t.Cleanup(func() {
+		for _, db := range dbs {
+			if _, err := db.Exec(context.Background(), `DROP OWNED BY `+r); err != nil {
+				t.Errorf("drop owned: %v", err)
+			}
+		}
+		if _, err := p.Proxy.Exec(context.Background(), `DROP ROLE `+r); err != nil {
+			t.Errorf("drop role: %v", err)
+		}
+	})
+	grants, err := schema.ProxyGrants(p.Schema, role)
+	is.NoErr(err)
+	_, err = p.Proxy.Exec(ctx(t), grants)
+	is.NoErr(err)
+	grants, err = schema.Grants(p.Schema, role)
+	is.NoErr(err)
+	for _, part := range p.Parts {
+		_, err = part.Exec(ctx(t), grants)
+		is.NoErr(err)
+	}
+	conn, err := p.Proxy.Acquire(ctx(t))
+	is.NoErr(err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx(t), `SET ROLE `+r)
+	is.NoErr(err)
+	defer conn.Exec(context.Background(), `RESET ROLE`)
+	var user string
+	is.NoErr(conn.QueryRow(ctx(t), `SELECT current_user`).Scan(&user))
+	is.Equal(user, role)
+
+	_, err = conn.Exec(ctx(t), `SELECT harel_publish('lp-a', '1')`)
+	is.NoErr(err)
+	is.NoErr(twoInserts(t, conn, "lp-b", "2", 0, true))
+	for range 2 {
+		g, seq, _, ok := claim(t, conn, "lp", 0)
+		is.True(ok)
+		var acked bool
+		is.NoErr(conn.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'lp', `+nowSQL+`)`, g, seq).Scan(&acked))
+		is.True(acked)
+	}
+	var groups int64
+	is.NoErr(conn.QueryRow(ctx(t), `SELECT groups FROM harel_stats() WHERE priority IS NULL`).Scan(&groups))
+	is.Equal(groups, int64(0))
+	// The partitions saw the role itself, not the proxy's owner.
+	var by string
+	is.NoErr(p.Parts[0].QueryRow(ctx(t), `SELECT COALESCE(max(usename), '') FROM pg_stat_activity WHERE usename = $1`, role).Scan(&by))
+	is.Equal(by, role)
+	_, err = conn.Exec(ctx(t), `CREATE OR REPLACE FUNCTION harel_px_parts() RETURNS INT LANGUAGE sql AS $$ SELECT 1 $$`)
+	is.Equal(sqlstate(err), "42501") // insufficient_privilege
+}

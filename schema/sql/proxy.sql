@@ -1,0 +1,617 @@
+-- proxy.sql: the protocol on a PL/Proxy proxy database, over a queue
+-- spread on N partition databases (issue 18). Applied by schema.ApplyProxy
+-- (or loaded with psql like the main script, after the prelude), never by
+-- Apply: a proxy holds no queue of its own.
+--
+-- The cluster. PL/Proxy's cluster 'pgtransport' (a foreign server of the
+-- plproxy wrapper: CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy
+-- OPTIONS (p0 'dbname=… host=…', p1 …), and a user mapping) names the
+-- partitions, N a power of two. Each partition holds the whole queue
+-- schema (schema.Apply) in a schema of the same name as this one, and has
+-- been numbered with harel_partition(i), i its place in the cluster.
+--
+-- Routing. A group lives in partition hashtext(group_id) & (N - 1), so
+-- every call that names a group runs there, in one transaction of that
+-- partition: order, one holder and the fences stay inside one database.
+-- Those calls are PL/Proxy functions of the protocol's own names, which
+-- call the function of the same name and schema on the partition. The
+-- calls that name no group are plpgsql here, and reach the partitions
+-- through harel_px_ functions (the partitions' harel_px_ functions, in
+-- functions.sql, "Partitions"):
+--   claims (harel_claim, harel_claim_one, harel_claim_many,
+--     harel_claim_leases) ask the partitions in turn from a random one
+--     until one leases, so a claim comes back empty only when no partition
+--     had claimable work at or above the floor;
+--   batches (harel_publish_many, harel_publish_keyed, harel_ack_many,
+--     harel_extend_many) split by group, run on their partitions at once,
+--     and come back in input order;
+--   lists and counts (harel_dead_letters, harel_redrive,
+--     harel_purge_dead_letters, harel_stats, harel_groups) run on every
+--     partition (on the group's alone when one is named) and are merged.
+-- Transactions: PL/Proxy runs each remote call in a transaction of its
+-- own on its partition, committed when the call returns, whatever the
+-- caller's transaction on the proxy does after: a proxied call is never
+-- part of the caller's transaction (so harel_ack_state, whose point is to
+-- be, is not here). A batch is atomic per partition, not across: each
+-- partition's part commits on its own. Not here: harel_exchange, harel_exchange_leases and
+-- harel_ack_claim (one-database round-trip savers; call ack and claim),
+-- and the wake-ups (harel_wait, harel_unwait, harel_channel: LISTEN on the
+-- partitions).
+--
+-- The design's two-INSERT publish works here too, for the transaction that
+-- makes it: the rows wait in this database's tables (which hold nothing
+-- else, and nothing after a commit) and go to their partitions, as one
+-- harel_publish_many, when the transaction commits; a rolled-back
+-- transaction publishes nothing. Reading those tables here shows nothing:
+-- the queue is on the partitions (harel_stats, harel_groups and
+-- harel_peek read it from here).
+--
+-- Settings: every function pins search_path as the queue's functions do,
+-- so PL/Proxy's routing calls (harel_px_home, harel_px_route) resolve in
+-- this schema; the partitions' functions pin their own.
+
+-- The two-INSERT publish's tables: the same columns, constraints and
+-- defaults the design's statements need; rows live here only until their
+-- transaction commits (harel_px_flush).
+CREATE TABLE IF NOT EXISTS transport_messages (
+    seq          BIGSERIAL PRIMARY KEY,
+    group_id     TEXT NOT NULL CONSTRAINT transport_messages_group_id_valid CHECK (octet_length(group_id) BETWEEN 1 AND 1024),
+    event        TEXT NOT NULL,
+    published_at TIMESTAMPTZ DEFAULT statement_timestamp(),
+    last_error   TEXT
+);
+CREATE TABLE IF NOT EXISTS transport_groups (
+    group_id      TEXT PRIMARY KEY,
+    locked_by     TEXT,
+    lock_expiry   DOUBLE PRECISION,
+    priority      INT NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 4),
+    delivered_seq BIGINT,
+    attempts      INT NOT NULL DEFAULT 0,
+    paused        BOOLEAN NOT NULL DEFAULT false,
+    leased_at     DOUBLE PRECISION,
+    arrival       BIGINT,
+    state         BYTEA
+);
+
+-- A queue's schema is not a proxy's: this script would replace its
+-- functions and its triggers would delete its rows.
+DO $pgtransport$
+BEGIN
+    IF to_regclass('transport_schema_version') IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtransport proxy: schema % holds a queue; a proxy''s schema holds none', current_schema()
+            USING ERRCODE = '22023';
+    END IF;
+END
+$pgtransport$;
+
+-- transport_proxy_parts is the partition count the proxy was checked
+-- against (harel_px_check). Every routed call compares the cluster's count
+-- with it (harel_px_parts): a cluster given more partitions by ALTER
+-- SERVER would send a group's next messages to another partition than its
+-- earlier ones, so it is refused until the proxy is checked again.
+CREATE TABLE IF NOT EXISTS transport_proxy_parts (
+    id    BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
+    parts INT NOT NULL
+);
+
+-- harel_px_count is the number of partitions in cluster 'pgtransport'
+-- (options p0, p1, ...; PL/Proxy's other spelling, partition_0, ..., is
+-- not counted, so such a cluster is refused).
+CREATE OR REPLACE FUNCTION harel_px_count()
+RETURNS INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT count(*)::INT
+        FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
+       WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$' $$;
+
+-- harel_px_parts is that number, refused (22023) unless it is the one the
+-- proxy was checked against.
+CREATE OR REPLACE FUNCTION harel_px_parts()
+RETURNS INT
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n    INT := harel_px_count();
+    v_want INT := (SELECT p.parts FROM transport_proxy_parts AS p);
+BEGIN
+    IF v_n IS DISTINCT FROM v_want THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions, the proxy was checked with %: groups would move', v_n, v_want
+            USING ERRCODE = '22023', HINT = 'Changing the partition count needs the groups moved first; then check the proxy again (schema.ApplyProxy).';
+    END IF;
+    RETURN v_n;
+END
+$$;
+
+-- harel_px_home is a group's hash; PL/Proxy takes its partition from it
+-- (hash & (N - 1)), once the cluster's count is checked. A NULL group goes
+-- to partition 0, which refuses it as a single database does.
+CREATE OR REPLACE FUNCTION harel_px_home(p_group TEXT)
+RETURNS INT
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM harel_px_parts();
+    RETURN COALESCE(hashtext(p_group), 0);
+END
+$$;
+
+-- harel_px_route is p_group's partition, or every partition for NULL.
+CREATE OR REPLACE FUNCTION harel_px_route(p_group TEXT)
+RETURNS SETOF INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT hashtext(p_group) WHERE p_group IS NOT NULL
+      UNION ALL
+      SELECT generate_series(0, harel_px_parts() - 1) WHERE p_group IS NULL $$;
+
+-- harel_px_partition runs the partitions' harel_px_partition on p_part.
+CREATE OR REPLACE FUNCTION harel_px_partition(p_part INT)
+RETURNS TABLE (part INT, version INT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+-- harel_px_check refuses a cluster this proxy cannot route over: no
+-- partitions, a count that is not a power of two, or a partition that is
+-- not the one its place names (harel_partition was not run there, or the
+-- cluster lists it elsewhere: its groups would be looked for in another
+-- database) or whose schema is not at p_version. It returns N.
+CREATE OR REPLACE FUNCTION harel_px_check(p_version INT)
+RETURNS INT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n INT := harel_px_count();
+    r   RECORD;
+BEGIN
+    IF v_n = 0 OR v_n & (v_n - 1) <> 0 THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions; it needs a power of two (a foreign server pgtransport of the plproxy wrapper, options p0, p1, ...)', v_n
+            USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 0 .. v_n - 1 LOOP
+        SELECT * INTO r FROM harel_px_partition(i);
+        IF r.part IS DISTINCT FROM i THEN
+            RAISE EXCEPTION 'pgtransport proxy: the cluster''s partition p% is %', i,
+                  CASE WHEN r.part IS NULL THEN format('not numbered (run harel_partition(%s) there)', i)
+                       ELSE format('numbered %s (fix the cluster''s order)', r.part) END
+                USING ERRCODE = '22023';
+        END IF;
+        IF r.version IS DISTINCT FROM p_version THEN
+            RAISE EXCEPTION 'pgtransport proxy: partition p% has schema version %, the proxy %', i, COALESCE(r.version::TEXT, 'none'), p_version
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    INSERT INTO transport_proxy_parts (parts) VALUES (v_n)
+        ON CONFLICT (id) DO UPDATE SET parts = EXCLUDED.parts;
+    RETURN v_n;
+END
+$$;
+
+-- harel_px_all is every partition, once the cluster's count is checked
+-- (PL/Proxy's RUN ON ALL would not check it).
+CREATE OR REPLACE FUNCTION harel_px_all()
+RETURNS SETOF INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT generate_series(0, harel_px_parts() - 1) $$;
+
+-- The calls that name one group: run on its partition.
+
+CREATE OR REPLACE FUNCTION harel_publish(p_group TEXT, p_event TEXT, p_priority INT DEFAULT 0)
+RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_ack(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_nack(p_group TEXT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_extend(p_group TEXT, p_token TEXT, p_lease DOUBLE PRECISION)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_release(p_group TEXT, p_token TEXT)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_fail(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION, p_error TEXT)
+RETURNS TEXT LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_restart_group(p_group TEXT, p_skip_head BOOLEAN)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_state(p_group TEXT)
+RETURNS BYTEA LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_group(p_now DOUBLE PRECISION, p_group TEXT)
+RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_peek(p_group TEXT, p_after BIGINT, p_limit INT)
+RETURNS TABLE (seq BIGINT, event TEXT, published_at TIMESTAMPTZ, last_error TEXT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_pause_group(p_group TEXT)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_resume_group(p_group TEXT)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_purge_group(p_group TEXT, p_now DOUBLE PRECISION, p_limit INT)
+RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+
+-- Claims: the partitions in turn, from a random one, until one leases.
+
+-- harel_px_claim runs the partitions' harel_px_claim on partition p_part.
+CREATE OR REPLACE FUNCTION harel_px_claim(
+    p_part INT, p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT, p_limit INT)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+-- harel_px_claims leases up to p_limit groups (p_one: one, as
+-- harel_claim_one), from the partitions in turn (a random one first), each
+-- asked for what the others did not give. A partition that fails is
+-- passed over; its error is raised only if no partition leased anything,
+-- so one partition down leaves the others' work claimable, and a refusal
+-- (every partition refuses alike) reaches the caller with its SQLSTATE.
+-- Leases a partition gave before the statement was cancelled are not
+-- returned: they lapse at p_lease, as those of a claim whose reply is lost.
+CREATE OR REPLACE FUNCTION harel_px_claims(
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT, p_limit INT, p_one BOOLEAN)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n     INT := harel_px_parts();
+    v_start INT := floor(random() * v_n)::INT;
+    v_want  INT := CASE WHEN p_one THEN 1 ELSE p_limit END;
+    v_left  INT := v_want;
+    v_got   BIGINT;
+    v_state TEXT;
+    v_msg   TEXT;
+    v_hint  TEXT;
+BEGIN
+    FOR i IN 0 .. v_n - 1 LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM harel_px_claim((v_start + i) % v_n, p_now, p_lease, p_token, p_min_priority,
+                                                     CASE WHEN p_one THEN NULL ELSE v_left END);
+            GET DIAGNOSTICS v_got = ROW_COUNT;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+            v_got := 0;
+        END;
+        v_left := v_left - v_got;
+        -- Done when enough are leased; a p_limit of 0, less or NULL: what
+        -- the first partition answers, as one database would.
+        EXIT WHEN v_left IS NULL OR v_left <= 0;
+    END LOOP;
+    IF v_state IS NOT NULL AND v_left IS NOT DISTINCT FROM v_want THEN
+        RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_msg, HINT = COALESCE(v_hint, '');
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION harel_claim_leases(
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT, p_limit INT)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT * FROM harel_px_claims(p_now, p_lease, p_token, p_min_priority, p_limit, false) $$;
+
+CREATE OR REPLACE FUNCTION harel_claim_one(
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT DEFAULT 0)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT * FROM harel_px_claims(p_now, p_lease, p_token, p_min_priority, NULL, true) $$;
+
+CREATE OR REPLACE FUNCTION harel_claim(
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT DEFAULT 0)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT c.group_id, c.seq, c.event FROM harel_px_claims(p_now, p_lease, p_token, p_min_priority, NULL, true) AS c $$;
+
+CREATE OR REPLACE FUNCTION harel_claim_many(
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION, p_token TEXT, p_min_priority INT, p_limit INT)
+RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT c.group_id, c.seq, c.event FROM harel_px_claims(p_now, p_lease, p_token, p_min_priority, p_limit, false) AS c $$;
+
+-- Batches: split by group, run on their partitions at once (PL/Proxy's
+-- SPLIT), back in input order (p_ords).
+
+-- harel_px_publish_many runs the partitions' harel_px_publish_many.
+CREATE OR REPLACE FUNCTION harel_px_publish_many(
+    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+RETURNS TABLE (ord INT, seq BIGINT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_home(p_groups); $$;
+
+-- harel_px_split_check refuses arrays of different lengths as the
+-- partitions would (SPLIT needs them equal too).
+CREATE OR REPLACE FUNCTION harel_px_split_check(p_fn TEXT, p_n INT, VARIADIC p_lens INT[])
+RETURNS VOID
+LANGUAGE plpgsql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_lens) AS l WHERE l IS DISTINCT FROM p_n) THEN
+        RAISE EXCEPTION '%: arrays of different lengths', p_fn USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- harel_px_publish_check refuses, before any partition writes, what one
+-- of them would refuse in a publish batch, with its SQLSTATE: otherwise
+-- the other partitions' parts would commit and a corrected retry publish
+-- them twice.
+CREATE OR REPLACE FUNCTION harel_px_publish_check(p_fn TEXT, p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[])
+RETURNS VOID
+LANGUAGE plpgsql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(p_groups, p_events) AS u(g, e) WHERE u.g IS NULL OR u.e IS NULL) THEN
+        RAISE EXCEPTION '%: a NULL group or event', p_fn USING ERRCODE = '23502';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_groups) AS g WHERE octet_length(g) NOT BETWEEN 1 AND 1024) THEN
+        RAISE EXCEPTION '%: a group id outside 1 to 1,024 bytes', p_fn
+            USING ERRCODE = '23514', CONSTRAINT = 'transport_messages_group_id_valid';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_priorities) AS q WHERE q NOT BETWEEN 0 AND 4) THEN
+        RAISE EXCEPTION '%: a priority outside 0 to 4', p_fn USING ERRCODE = '23514';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_keys) AS k WHERE k = '' OR octet_length(k) > 256) THEN
+        RAISE EXCEPTION '%: a dedup key that is empty or longer than 256 bytes', p_fn USING ERRCODE = 'PT006';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION harel_publish_many(p_groups TEXT[], p_events TEXT[], p_priorities INT[])
+RETURNS SETOF BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n INT := COALESCE(cardinality(p_groups), 0);
+BEGIN
+    PERFORM harel_px_split_check('harel_publish_many', v_n, COALESCE(cardinality(p_events), 0), COALESCE(cardinality(p_priorities), 0));
+    PERFORM harel_px_publish_check('harel_publish_many', p_groups, p_events, p_priorities, NULL);
+    RETURN QUERY SELECT r.seq
+                   FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
+                                              array_fill(NULL::TEXT, ARRAY[v_n]), NULL) AS r
+                  ORDER BY r.ord;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION harel_publish_keyed(
+    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+RETURNS SETOF BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n INT := COALESCE(cardinality(p_groups), 0);
+BEGIN
+    PERFORM harel_px_split_check('harel_publish_keyed', v_n, COALESCE(cardinality(p_events), 0),
+                                 COALESCE(cardinality(p_priorities), 0), COALESCE(cardinality(p_keys), 0));
+    IF p_window IS NULL OR p_window < 0 THEN
+        RAISE EXCEPTION 'harel_publish_keyed: p_window % is NULL or negative', p_window USING ERRCODE = 'PT006';
+    END IF;
+    PERFORM harel_px_publish_check('harel_publish_keyed', p_groups, p_events, p_priorities, p_keys);
+    -- A key of NULL means none; the partition tells the two apart by
+    -- p_keys being NULL as a whole, so an all-NULL batch stays keyed.
+    RETURN QUERY SELECT r.seq
+                   FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
+                                              p_keys, p_window) AS r
+                  ORDER BY r.ord;
+END
+$$;
+
+-- harel_px_ack_many runs the partitions' harel_px_ack_many.
+CREATE OR REPLACE FUNCTION harel_px_ack_many(
+    p_ords INT[], p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_keep BOOLEAN[],
+    p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION)
+RETURNS TABLE (ord INT, group_id TEXT, held BOOLEAN, next_seq BIGINT, next_event TEXT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens, p_keep; RUN ON harel_px_home(p_groups); $$;
+
+CREATE OR REPLACE FUNCTION harel_ack_many(
+    p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_keep BOOLEAN[], p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION)
+RETURNS TABLE (group_id TEXT, held BOOLEAN, next_seq BIGINT, next_event TEXT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n INT := COALESCE(cardinality(p_groups), 0);
+BEGIN
+    PERFORM harel_px_split_check('harel_ack_many', v_n, COALESCE(cardinality(p_seqs), 0),
+                                 COALESCE(cardinality(p_tokens), 0), COALESCE(cardinality(p_keep), v_n));
+    RETURN QUERY SELECT r.group_id, r.held, r.next_seq, r.next_event
+                   FROM harel_px_ack_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_seqs, p_tokens,
+                                          COALESCE(p_keep, array_fill(false, ARRAY[v_n])), p_now, p_lease) AS r
+                  ORDER BY r.ord;
+END
+$$;
+
+-- harel_px_extend_many runs the partitions' harel_px_extend_many.
+CREATE OR REPLACE FUNCTION harel_px_extend_many(
+    p_ords INT[], p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_lease DOUBLE PRECISION)
+RETURNS TABLE (ord INT, group_id TEXT, held BOOLEAN)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens; RUN ON harel_px_home(p_groups); $$;
+
+CREATE OR REPLACE FUNCTION harel_extend_many(
+    p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_lease DOUBLE PRECISION)
+RETURNS TABLE (group_id TEXT, held BOOLEAN)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n INT := COALESCE(cardinality(p_groups), 0);
+BEGIN
+    PERFORM harel_px_split_check('harel_extend_many', v_n, COALESCE(cardinality(p_seqs), 0), COALESCE(cardinality(p_tokens), 0));
+    RETURN QUERY SELECT r.group_id, r.held
+                   FROM harel_px_extend_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_seqs, p_tokens, p_lease) AS r
+                  ORDER BY r.ord;
+END
+$$;
+
+-- Lists and counts: every partition (the group's alone when one is
+-- named), merged. Dead letters' seqs are disjoint across partitions
+-- (harel_partition), so one seq order pages through all of them.
+
+CREATE OR REPLACE FUNCTION harel_px_dead_letters(p_group TEXT, p_after BIGINT, p_limit INT)
+RETURNS TABLE (seq BIGINT, group_id TEXT, event TEXT, priority INT, attempts INT,
+               last_error TEXT, published_at TIMESTAMPTZ, died_at TIMESTAMPTZ)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_route(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_dead_letters(p_group TEXT, p_after BIGINT, p_limit INT)
+RETURNS TABLE (seq BIGINT, group_id TEXT, event TEXT, priority INT, attempts INT,
+               last_error TEXT, published_at TIMESTAMPTZ, died_at TIMESTAMPTZ)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT * FROM harel_px_dead_letters(p_group, p_after, p_limit) AS d ORDER BY d.seq LIMIT p_limit $$;
+
+CREATE OR REPLACE FUNCTION harel_px_redrive(p_group TEXT, p_seqs BIGINT[], p_purge BOOLEAN)
+RETURNS SETOF BIGINT
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_route(p_group); $$;
+
+CREATE OR REPLACE FUNCTION harel_redrive(p_group TEXT, p_seqs BIGINT[])
+RETURNS BIGINT
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT COALESCE(sum(n), 0)::BIGINT FROM harel_px_redrive(p_group, p_seqs, false) AS n $$;
+
+CREATE OR REPLACE FUNCTION harel_purge_dead_letters(p_group TEXT, p_seqs BIGINT[])
+RETURNS BIGINT
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT COALESCE(sum(n), 0)::BIGINT FROM harel_px_redrive(p_group, p_seqs, true) AS n $$;
+
+CREATE OR REPLACE FUNCTION harel_px_stats(p_now DOUBLE PRECISION)
+RETURNS TABLE (priority INT, groups BIGINT, free BIGINT, leased BIGINT, parked BIGINT,
+               stopped BIGINT, paused BIGINT, messages BIGINT, messages_exact BOOLEAN,
+               oldest_head_age DOUBLE PRECISION, oldest_head_exact BOOLEAN,
+               dead_letters BIGINT, dead_letters_exact BOOLEAN, waiters BIGINT,
+               at TIMESTAMPTZ, groups_exact BOOLEAN)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
+
+-- harel_stats: the partitions' rows added up per priority (and the total),
+-- exact where every partition's is, the oldest head the oldest of all.
+CREATE OR REPLACE FUNCTION harel_stats(p_now DOUBLE PRECISION DEFAULT NULL)
+RETURNS TABLE (priority INT, groups BIGINT, free BIGINT, leased BIGINT, parked BIGINT,
+               stopped BIGINT, paused BIGINT, messages BIGINT, messages_exact BOOLEAN,
+               oldest_head_age DOUBLE PRECISION, oldest_head_exact BOOLEAN,
+               dead_letters BIGINT, dead_letters_exact BOOLEAN, waiters BIGINT,
+               at TIMESTAMPTZ, groups_exact BOOLEAN)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT s.priority, sum(s.groups)::BIGINT, sum(s.free)::BIGINT, sum(s.leased)::BIGINT, sum(s.parked)::BIGINT,
+           sum(s.stopped)::BIGINT, sum(s.paused)::BIGINT, sum(s.messages)::BIGINT, bool_and(s.messages_exact),
+           max(s.oldest_head_age), bool_and(s.oldest_head_exact),
+           sum(s.dead_letters)::BIGINT, bool_and(s.dead_letters_exact), sum(s.waiters)::BIGINT,
+           max(s.at), bool_and(s.groups_exact)
+      FROM harel_px_stats(p_now) AS s
+     GROUP BY s.priority
+     ORDER BY s.priority NULLS LAST
+$$;
+
+CREATE OR REPLACE FUNCTION harel_px_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT)
+RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
+
+-- harel_groups: each partition's first p_offset + p_limit in the order
+-- asked, merged in that order. 'oldest_head' orders by the head's age
+-- here (seqs of two partitions say nothing of which came first).
+CREATE OR REPLACE FUNCTION harel_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT)
+RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT g.*
+      FROM harel_px_groups(p_now, p_state, p_order,
+                           -- a NULL or negative offset or limit goes on as it
+                           -- is, for the partitions to answer or refuse
+                           CASE WHEN p_offset >= 0 AND p_limit >= 0 THEN 0 ELSE p_offset END,
+                           CASE WHEN p_offset >= 0 AND p_limit >= 0 THEN LEAST(p_offset::BIGINT + p_limit, 2147483647)::INT
+                                ELSE p_limit END) AS g
+     ORDER BY CASE WHEN p_order = 'held_longest' THEN g.leased_at END NULLS FIRST,
+              CASE WHEN p_order = 'most_attempts' THEN g.attempts END DESC,
+              CASE WHEN p_order = 'oldest_head' THEN g.head_age END DESC NULLS LAST,
+              g.group_id
+    OFFSET p_offset LIMIT p_limit
+$$;
+
+-- The two-INSERT publish. harel_px_flush sends this transaction's rows to
+-- their partitions, in seq order, each message with its group row's
+-- priority (0 without one), and deletes them: it runs when the transaction
+-- commits (the deferred triggers below), once for all its rows (later
+-- firings find none). Only the transaction's own rows are visible to it:
+-- no row here is ever committed.
+CREATE OR REPLACE FUNCTION harel_px_flush()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_groups TEXT[];
+    v_events TEXT[];
+    v_prios  INT[];
+BEGIN
+    -- Sent already by an earlier firing: one index probe, not a scan.
+    IF TG_TABLE_NAME = 'transport_messages' THEN
+        PERFORM 1 FROM transport_messages AS m WHERE m.seq = NEW.seq;
+    ELSE
+        PERFORM 1 FROM transport_groups AS g WHERE g.group_id = NEW.group_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    WITH m AS (DELETE FROM transport_messages RETURNING seq, group_id, event),
+         g AS (DELETE FROM transport_groups RETURNING group_id, priority)
+    SELECT array_agg(m.group_id ORDER BY m.seq), array_agg(m.event ORDER BY m.seq),
+           array_agg(COALESCE(g.priority, 0) ORDER BY m.seq)
+      INTO v_groups, v_events, v_prios
+      FROM m LEFT JOIN g ON g.group_id = m.group_id;
+    IF v_groups IS NOT NULL THEN
+        PERFORM harel_publish_many(v_groups, v_events, v_prios);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_messages_flush ON transport_messages;
+CREATE CONSTRAINT TRIGGER transport_messages_flush
+    AFTER INSERT ON transport_messages DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION harel_px_flush();
+DROP TRIGGER IF EXISTS transport_groups_flush ON transport_groups;
+CREATE CONSTRAINT TRIGGER transport_groups_flush
+    AFTER INSERT ON transport_groups DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION harel_px_flush();
