@@ -52,7 +52,7 @@ func main() {
 	var (
 		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
+		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, proxy, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
 		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		hold  = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
@@ -157,6 +157,7 @@ func (r *runner) all(ctx context.Context) error {
 		{"river", r.river},
 		{"runtime", r.runtime},
 		{"worktx", r.workTx},
+		{"proxy", r.proxy},
 		{"hotgroup", r.hotGroup},
 		{"publish", r.publish},
 		{"jobs", r.jobs},

@@ -370,12 +370,26 @@ func ProxySQL() string {
 func CurrentVersion(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, name string) (int, error) {
-	table := pgx.Identifier{"transport_schema_version"}
+	return recorded(ctx, db, name, "transport_schema_version")
+}
+
+// ProxyVersion reports the version of proxy.sql recorded in the named
+// schema of a proxy database (ApplyProxy), 0 if none.
+func ProxyVersion(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, name string) (int, error) {
+	return recorded(ctx, db, name, "transport_proxy")
+}
+
+func recorded(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, name, table string) (int, error) {
+	t := pgx.Identifier{table}
 	if name != "" {
-		table = pgx.Identifier{name, "transport_schema_version"}
+		t = pgx.Identifier{name, table}
 	}
 	var v int
-	err := db.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+table.Sanitize()).Scan(&v)
+	err := db.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM `+t.Sanitize()).Scan(&v)
 	if err != nil {
 		return 0, fmt.Errorf("schema: read version: %w", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -42,6 +43,7 @@ type harness struct {
 	t      *testing.T
 	schema string
 	pool   *pgxpool.Pool
+	dsn    string // the command's --dsn; empty: testDSN()
 }
 
 // newHarness makes a schema name of its own and, with apply, applies the
@@ -91,7 +93,7 @@ func (h *harness) runEnv(ctx context.Context, e *env, args ...string) result {
 		e.getenv = func(string) string { return "" }
 	}
 	// The harness's flags first: a --schema in args comes later and wins.
-	args = append([]string{"--dsn=" + testDSN(), "--schema=" + h.schema}, args...)
+	args = append([]string{"--dsn=" + cmp.Or(h.dsn, testDSN()), "--schema=" + h.schema}, args...)
 	code := run(ctx, args, e)
 	return result{out.String(), errb.String(), code}
 }

@@ -31,13 +31,16 @@ func (a *app) migrateCmd() *cobra.Command {
 }
 
 func (a *app) migrateSQLCmd() *cobra.Command {
-	return &cobra.Command{
+	var proxy bool
+	cmd := &cobra.Command{
 		Use:   "sql",
 		Short: "Print the schema's SQL script",
 		Long: `sql prints the complete SQL script (every step and function) to stdout; it
 connects to nothing. Loaded with psql it creates or upgrades the schema in one
 transaction. With --schema the script starts by creating that schema and
-pointing search_path at it (for the rest of the psql session).`,
+pointing search_path at it (for the rest of the psql session). With --proxy
+it prints a PL/Proxy proxy database's script instead (docs/protocol.md,
+"Partitions").`,
 		Example: `  pgtransport migrate sql > pgtransport.sql
   pgtransport migrate sql --schema jobs | psql "$DATABASE_URL"`,
 		Args: a.exactArgs(),
@@ -47,23 +50,40 @@ pointing search_path at it (for the rest of the psql session).`,
 				ident := pgx.Identifier{a.schema}.Sanitize()
 				fmt.Fprintf(w, "CREATE SCHEMA IF NOT EXISTS %s;\nSET search_path TO %s;\n", ident, ident)
 			}
-			_, err := fmt.Fprint(w, schema.SQL())
+			script := schema.SQL()
+			if proxy {
+				script = schema.ProxySQL()
+			}
+			_, err := fmt.Fprint(w, script)
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&proxy, "proxy", false, "print the PL/Proxy proxy database's script")
+	return cmd
 }
 
 func (a *app) migrateApplyCmd() *cobra.Command {
-	return &cobra.Command{
+	var proxy bool
+	var partition int
+	cmd := &cobra.Command{
 		Use:   "apply",
 		Short: "Create or upgrade the schema",
 		Long: `apply brings the schema up to this command's version: the steps the database
 lacks, then every function, in one transaction under an advisory lock (safe
 while workers run or start). On an up-to-date schema it changes nothing.
---schema is created if absent.`,
+--schema is created if absent.
+
+A queue spread over partition databases behind a PL/Proxy proxy
+(docs/protocol.md, "Partitions"): on each partition, apply --partition N
+(N its place in the proxy's cluster, from 0) applies the schema and numbers
+the partition; then on the proxy database, apply --proxy installs the
+proxy's functions and checks every partition through the cluster.`,
 		Args: a.exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if proxy && partition >= 0 {
+				return usageErrorf("--proxy and --partition: a database is one or the other")
+			}
 			pool, err := a.connect(ctx)
 			if err != nil {
 				return err
@@ -72,21 +92,42 @@ while workers run or start). On an up-to-date schema it changes nothing.
 			if err != nil {
 				return err
 			}
-			if err := schema.Apply(ctx, pool, a.schema); err != nil {
+			if proxy {
+				err = schema.ApplyProxy(ctx, pool, a.schema)
+			} else {
+				err = schema.Apply(ctx, pool, a.schema)
+				if err == nil && partition >= 0 {
+					err = schema.Partition(ctx, pool, a.schema, partition)
+				}
+			}
+			if errors.Is(err, pgtransport.ErrInvalidConfig) {
+				return usageErrorf("%v", err)
+			}
+			if err != nil {
 				return err
 			}
 			after, err := a.recordedVersion(ctx)
 			if err != nil {
 				return err
 			}
+			what := a.schemaLabel()
+			switch {
+			case proxy:
+				what += " (a proxy)"
+			case partition >= 0:
+				what += fmt.Sprintf(" (partition %d)", partition)
+			}
 			if before == after {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s is up to date at version %d\n", a.schemaLabel(), after)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s is up to date at version %d\n", what, after)
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s upgraded from version %d to %d\n", a.schemaLabel(), before, after)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s upgraded from version %d to %d\n", what, before, after)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&proxy, "proxy", false, "install the PL/Proxy proxy's functions over cluster pgtransport, and check its partitions")
+	cmd.Flags().IntVar(&partition, "partition", -1, "number this database partition N of a proxy's cluster (0 to 1023) after applying")
+	return cmd
 }
 
 func (a *app) migrateVersionCmd() *cobra.Command {
@@ -160,11 +201,22 @@ empty name, or one that is not valid UTF-8 or holds a NUL byte, is refused.`,
 // schema or its version table does not exist.
 func (a *app) recordedVersion(ctx context.Context) (int, error) {
 	v, err := schema.CurrentVersion(ctx, a.pool, a.schema)
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return 0, nil // undefined_table, invalid_schema_name: nothing applied
+	if absent(err) {
+		// A proxy's schema (docs/protocol.md, "Partitions") records its own.
+		v, err = schema.ProxyVersion(ctx, a.pool, a.schema)
+	}
+	if absent(err) {
+		return 0, nil
 	}
 	if err != nil {
 		return 0, err
 	}
 	return v, nil
+}
+
+// absent: the version table or the schema is not there (undefined_table,
+// invalid_schema_name): nothing applied.
+func absent(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ type Partitioned struct {
 	Parts    []*pgxpool.Pool // Parts[i] on partition i's database; search_path is Schema
 	ProxyDSN string
 	PartDSNs []string
+	cluster  *partCluster // the databases and their admin pools
 }
 
 // plproxyInstall says what a run without PL/Proxy needs.
@@ -45,9 +47,11 @@ var clusters struct {
 
 type partCluster struct {
 	proxyDSN string
-	partDSNs []string
+	partDSNs []string      // for the tests' pools: with the user
+	plproxy  []string      // the cluster's options: without it, PL/Proxy connects as the calling role
 	proxy    *pgxpool.Pool // admin pools: schemas are made and dropped here
 	parts    []*pgxpool.Pool
+	private  func() error // PartitionsOn's: drops its proxy database, closes its pools
 }
 
 // Partitions returns a fresh queue over n partitions (a power of two) for
@@ -56,27 +60,134 @@ type partCluster struct {
 func Partitions(tb testing.TB, n int) *Partitioned {
 	tb.Helper()
 	DSN(tb)
-	c, err := partitionCluster(n)
-	if errors.Is(err, errNoPLProxy) {
+	p, err := OpenPartitions(n, 8)
+	if errors.Is(err, ErrNoPLProxy) {
 		fmt.Fprintln(os.Stderr, "pgtest: "+plproxyInstall)
 		tb.Skip("pgtest: " + plproxyInstall)
 	}
 	if err != nil {
 		tb.Fatalf("pgtest: partitions: %v", err)
 	}
-	p, err := c.open()
-	if err != nil {
-		tb.Fatalf("pgtest: partitions: %v", err)
-	}
 	tb.Cleanup(func() {
-		if err := c.drop(p); err != nil {
+		if err := p.Drop(); err != nil {
 			tb.Errorf("pgtest: %v", err)
 		}
 	})
 	return p
 }
 
-var errNoPLProxy = errors.New("no plproxy extension")
+// OpenPartitions is Partitions for programs (the benchmark runner), with
+// pools of up to maxConns connections: the caller drops the schemas with
+// Drop. Without PL/Proxy on the server it fails with ErrNoPLProxy.
+func OpenPartitions(n int, maxConns int32) (*Partitioned, error) {
+	c, err := partitionCluster(n)
+	if err != nil {
+		return nil, err
+	}
+	return c.open(maxConns)
+}
+
+// Drop closes p's pools and drops its schema in every database (and a
+// private cluster's own proxy database and admin pools, PartitionsOn's).
+func (p *Partitioned) Drop() error {
+	err := p.cluster.drop(p)
+	if p.cluster.private != nil {
+		err = errors.Join(err, p.cluster.private())
+	}
+	return err
+}
+
+// PartitionsOn is Partitions(tb, n) with partition i in the database
+// own[i] names, where given (a database the test owns, such as one on a
+// throwaway cluster it restarts; the connection string names its user, as
+// PL/Proxy connects with it), the others in the shared partition
+// databases, and the proxy in a database of the test's own (its cluster
+// lists these partitions), dropped at the end.
+func PartitionsOn(tb testing.TB, n int, own map[int]string) *Partitioned {
+	tb.Helper()
+	DSN(tb)
+	shared, err := partitionCluster(n)
+	if errors.Is(err, ErrNoPLProxy) {
+		fmt.Fprintln(os.Stderr, "pgtest: "+plproxyInstall)
+		tb.Skip("pgtest: " + plproxyInstall)
+	}
+	if err != nil {
+		tb.Fatalf("pgtest: partitions: %v", err)
+	}
+	c, err := privateCluster(shared, own)
+	if err != nil {
+		tb.Fatalf("pgtest: partitions: %v", err)
+	}
+	p, err := c.open(8)
+	if err != nil {
+		tb.Fatalf("pgtest: partitions: %v", errors.Join(err, c.private()))
+	}
+	tb.Cleanup(func() {
+		if err := p.Drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return p
+}
+
+// privateCluster is shared with the partitions own names instead, and a
+// proxy database of its own whose cluster lists them.
+func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, err error) {
+	dsn, adm, err := server()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "pgtransport_test_proxy_" + hex.EncodeToString(b[:])
+	if _, err := adm.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	c := &partCluster{partDSNs: slices.Clone(shared.partDSNs), plproxy: slices.Clone(shared.plproxy), parts: slices.Clone(shared.parts)}
+	var mine []*pgxpool.Pool
+	c.private = func() error {
+		for _, p := range mine {
+			p.Close()
+		}
+		if c.proxy != nil {
+			c.proxy.Close()
+		}
+		_, err := adm.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, c.private())
+		}
+	}()
+	for i, d := range own {
+		p, err := open(d, 4)
+		if err != nil {
+			return nil, err
+		}
+		mine = append(mine, p)
+		cfg, err := pgx.ParseConfig(d)
+		if err != nil {
+			return nil, err
+		}
+		c.partDSNs[i], c.plproxy[i], c.parts[i] = connString(cfg, true), connString(cfg, true), p
+	}
+	base, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	base.Database = name
+	c.proxyDSN = connString(base, true)
+	if c.proxy, err = open(c.proxyDSN, 4); err != nil {
+		return nil, err
+	}
+	return c, c.defineCluster(ctx)
+}
+
+// ErrNoPLProxy: the test server has no PL/Proxy to install.
+var ErrNoPLProxy = errors.New("no plproxy extension on the server")
 
 func partitionCluster(n int) (*partCluster, error) {
 	clusters.mu.Lock()
@@ -115,7 +226,7 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 		return nil, err
 	}
 	if !available {
-		return nil, errNoPLProxy
+		return nil, ErrNoPLProxy
 	}
 	base, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -147,15 +258,16 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 			}
 		}
 	}
-	dbDSN := func(db string) string {
+	dbDSN := func(db string, withUser bool) string {
 		cfg := base.Copy()
 		cfg.Database = db
-		return connString(cfg)
+		return connString(cfg, withUser)
 	}
 	for _, name := range names {
-		c.partDSNs = append(c.partDSNs, dbDSN(name))
+		c.partDSNs = append(c.partDSNs, dbDSN(name, true))
+		c.plproxy = append(c.plproxy, dbDSN(name, false))
 	}
-	c.proxyDSN = dbDSN(proxyName)
+	c.proxyDSN = dbDSN(proxyName, true)
 	for _, d := range c.partDSNs {
 		p, err := open(d, 4)
 		if err != nil {
@@ -168,27 +280,9 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 		c.close()
 		return nil, err
 	}
-	// The cluster: PL/Proxy connects to each partition as the tests do.
-	// The options are quoted by format's %L, never spliced in here.
-	if _, err := c.proxy.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS plproxy`); err != nil {
+	if err := c.defineCluster(ctx); err != nil {
 		c.close()
 		return nil, err
-	}
-	var ddl string
-	if err := c.proxy.QueryRow(ctx, `
-		SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = 'pgtransport')
-		            THEN 'ALTER SERVER pgtransport OPTIONS (' || string_agg(format('SET p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
-		            ELSE 'CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy OPTIONS (' || string_agg(format('p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
-		       END
-		  FROM unnest($1::TEXT[]) WITH ORDINALITY AS t(c, i)`, c.partDSNs).Scan(&ddl); err != nil {
-		c.close()
-		return nil, err
-	}
-	for _, q := range []string{ddl, `CREATE USER MAPPING IF NOT EXISTS FOR PUBLIC SERVER pgtransport`} {
-		if _, err := c.proxy.Exec(ctx, q); err != nil {
-			c.close()
-			return nil, fmt.Errorf("cluster: %w", err)
-		}
 	}
 	for _, p := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
 		if _, err := sweep(ctx, p, time.Now()); err != nil {
@@ -198,10 +292,35 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 	return c, nil
 }
 
+// defineCluster creates (or points at c's partitions) the proxy
+// database's plproxy extension, cluster pgtransport and a user mapping.
+// The options are quoted by format's %L, never spliced in here.
+func (c *partCluster) defineCluster(ctx context.Context) error {
+	if _, err := c.proxy.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS plproxy`); err != nil {
+		return err
+	}
+	var ddl string
+	if err := c.proxy.QueryRow(ctx, `
+		SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = 'pgtransport')
+		            THEN 'ALTER SERVER pgtransport OPTIONS (' || string_agg(format('SET p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
+		            ELSE 'CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy OPTIONS (' || string_agg(format('p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
+		       END
+		  FROM unnest($1::TEXT[]) WITH ORDINALITY AS t(c, i)`, c.plproxy).Scan(&ddl); err != nil {
+		return err
+	}
+	for _, q := range []string{ddl, `CREATE USER MAPPING IF NOT EXISTS FOR PUBLIC SERVER pgtransport`} {
+		if _, err := c.proxy.Exec(ctx, q); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
+	return nil
+}
+
 // connString is cfg as a keyword/value connection string, for PL/Proxy's
-// libpq: host, port, database and password, each quoted. No user: PL/Proxy
-// then connects as the calling role, as TestProxyLeastPrivilege needs.
-func connString(cfg *pgx.ConnConfig) string {
+// libpq: host, port, database, password and (withUser) user, each quoted.
+// Without a user PL/Proxy connects as the calling role, as
+// TestProxyLeastPrivilege needs.
+func connString(cfg *pgx.ConnConfig, withUser bool) string {
 	q := func(v string) string {
 		out := []byte{'\''}
 		for i := 0; i < len(v); i++ {
@@ -213,6 +332,9 @@ func connString(cfg *pgx.ConnConfig) string {
 		return string(append(out, '\''))
 	}
 	s := fmt.Sprintf("host=%s port=%d dbname=%s", q(cfg.Host), cfg.Port, q(cfg.Database))
+	if withUser {
+		s += " user=" + q(cfg.User)
+	}
 	if cfg.Password != "" {
 		s += " password=" + q(cfg.Password)
 	}
@@ -231,12 +353,12 @@ func (c *partCluster) close() {
 // open makes a fresh schema in every database: the queue in each partition
 // (applied and numbered), the proxy's functions in the proxy (applied last:
 // it checks the partitions).
-func (c *partCluster) open() (_ *Partitioned, err error) {
+func (c *partCluster) open(maxConns int32) (_ *Partitioned, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	p := &Partitioned{Schema: "t_" + hex.EncodeToString(b[:]), ProxyDSN: c.proxyDSN, PartDSNs: c.partDSNs}
+	p := &Partitioned{Schema: "t_" + hex.EncodeToString(b[:]), ProxyDSN: c.proxyDSN, PartDSNs: c.partDSNs, cluster: c}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.drop(p))
@@ -250,7 +372,7 @@ func (c *partCluster) open() (_ *Partitioned, err error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg.MaxConns = 8
+		cfg.MaxConns = maxConns
 		cfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
 		return pgxpool.NewWithConfig(ctx, cfg)

@@ -569,6 +569,12 @@ AS $$
     OFFSET p_offset LIMIT p_limit
 $$;
 
+-- harel_counters: each partition's row (add them up).
+CREATE OR REPLACE FUNCTION harel_counters()
+RETURNS TABLE (published BIGINT, deleted BIGINT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
+
 -- The two-INSERT publish. harel_px_flush sends this transaction's rows to
 -- their partitions, in seq order, each message with its group row's
 -- priority (0 without one), and deletes them: it runs when the transaction

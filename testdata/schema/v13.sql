@@ -3219,6 +3219,24 @@ BEGIN
 END
 $$;
 
+-- harel_counters is what a sampler takes rates from: how many messages
+-- were ever published (the message sequence's last value over its step:
+-- seqs are taken once each, a partition's step is 1,024) and ever deleted
+-- from the queue (acked, purged or dead-lettered: PostgreSQL's statistics
+-- counter, flushed about once a second; -1 where the statistics are off).
+-- One row; through a proxy, one per partition (add them up). Version 13.
+CREATE OR REPLACE FUNCTION harel_counters()
+RETURNS TABLE (published BIGINT, deleted BIGINT)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$ SELECT COALESCE((SELECT pg_sequence_last_value(q.seqrelid) / q.seqincrement FROM pg_sequence AS q
+                        WHERE q.seqrelid = 'transport_messages_seq_seq'::regclass), 0),
+             COALESCE((SELECT t.n_tup_del FROM pg_stat_user_tables AS t
+                        WHERE t.relid = 'transport_messages'::regclass), -1) $$;
+
 -- harel_px_partition is what the proxy checks of a partition before it
 -- routes to it: the number harel_partition gave this database (NULL: none)
 -- and the schema's version. p_part is the proxy's routing only.

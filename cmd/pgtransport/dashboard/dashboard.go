@@ -216,20 +216,17 @@ func (s *Server) sample(ctx context.Context) (sample, error) {
 		return sample{}, fmt.Errorf("stats: %w", err)
 	}
 	sm := sample{Stats: st}
-	table := "transport_messages"
+	counters := "harel_counters"
 	if s.cfg.Schema != "" {
-		table = pgx.Identifier{s.cfg.Schema, table}.Sanitize()
+		counters = pgx.Identifier{s.cfg.Schema, counters}.Sanitize()
 	}
-	// The library has no call for these (yet): the last seq handed out
-	// over the sequence's step (published: seqs are taken once each; a
-	// partition's step is 1,024) and the rows ever deleted from the
-	// messages (acked, purged or dead-lettered; PostgreSQL's statistics
-	// counter, flushed about once a second).
+	// How many were ever published and deleted (harel_counters: one row,
+	// or one per partition through a proxy).
 	err = s.cfg.DB.QueryRow(ctx, `
-		SELECT COALESCE((SELECT pg_sequence_last_value(q.seqrelid) / q.seqincrement FROM pg_sequence AS q
-		                  WHERE q.seqrelid = pg_get_serial_sequence($1, 'seq')::regclass), 0),
-		       COALESCE((SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = $1::regclass), -1)`, table).
-		Scan(&sm.LastSeq, &sm.Deleted)
+		SELECT COALESCE(sum(c.published), 0)::BIGINT,
+		       CASE WHEN bool_or(c.deleted < 0) THEN -1 ELSE COALESCE(sum(c.deleted), 0) END::BIGINT
+		  FROM `+counters+`() AS c`).
+		Scan(&sm.Published, &sm.Deleted)
 	if err != nil {
 		return sample{}, fmt.Errorf("read the seq counter: %w", err)
 	}

@@ -15,7 +15,7 @@ func TestRates(t *testing.T) {
 	t.Parallel()
 	at := time.Unix(1_000_000, 0)
 	mk := func(sec int, seq, msgs, dead, deleted int64, exact bool) sample {
-		return sample{LastSeq: seq, Deleted: deleted, Stats: pgtransport.Stats{At: at.Add(time.Duration(sec) * time.Second), Total: pgtransport.PriorityStats{
+		return sample{Published: seq, Deleted: deleted, Stats: pgtransport.Stats{At: at.Add(time.Duration(sec) * time.Second), Total: pgtransport.PriorityStats{
 			Priority: -1, Messages: msgs, MessagesExact: exact, DeadLetters: dead, DeadLettersExact: true,
 		}}}
 	}

@@ -7,9 +7,10 @@ import (
 // sample is one reading of the queue by Run.
 type sample struct {
 	Stats pgtransport.Stats
-	// LastSeq is the last seq handed out: every publish takes one (a
-	// rolled-back publish too), a redrive reuses the dead letter's.
-	LastSeq int64
+	// Published counts the seqs ever handed out (harel_counters): every
+	// publish takes one (a rolled-back publish too), a redrive reuses the
+	// dead letter's. Summed over partitions through a proxy.
+	Published int64
 	// Deleted counts the rows ever deleted from the messages (acks, purges,
 	// moves to the dead letters), by PostgreSQL's statistics: flushed about
 	// once a second, reset by pg_stat_reset. -1: unknown.
@@ -59,7 +60,7 @@ func rates(prev, cur sample) (published, acked *float64) {
 	if dt <= 0 {
 		return nil, nil
 	}
-	pub := cur.LastSeq - prev.LastSeq
+	pub := cur.Published - prev.Published
 	if pub < 0 {
 		return nil, nil
 	}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestOnAProxy: pointed at a PL/Proxy proxy over four partitions, the
+// command publishes, and its operator's reads and actions see the whole
+// cluster: stats add up over the partitions, listings merge them, a group
+// is paused, resumed and purged on its partition; the dashboard's counters
+// add up too. A queue's migrate apply is refused there; --proxy checks it.
+func TestOnAProxy(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	h := &harness{t: t, schema: p.Schema, pool: p.Proxy, dsn: p.ProxyDSN}
+
+	var v struct{ Recorded, Library int }
+	is.NoErr(json.Unmarshal([]byte(h.ok("", "migrate", "version", "--json").stdout), &v))
+	is.Equal(v.Recorded, v.Library) // the proxy's version
+
+	var in strings.Builder
+	for i := range 8 {
+		fmt.Fprintf(&in, "{\"group\": \"px-%d\", \"event\": \"e%d\", \"priority\": %d}\n", i, i, i%5)
+	}
+	h.ok(in.String(), "publish")
+	perPart := map[int]int{}
+	var sum int
+	for i, part := range p.Parts {
+		var n int
+		is.NoErr(part.QueryRow(context.Background(), `SELECT count(*) FROM transport_messages`).Scan(&n))
+		perPart[i], sum = n, sum+n
+	}
+	is.Equal(sum, 8)
+	is.True(len(perPart) > 1) // spread over partitions
+
+	var st struct {
+		Total struct{ Groups, Messages int64 }
+	}
+	is.NoErr(json.Unmarshal([]byte(h.ok("", "stats", "--json").stdout), &st))
+	is.Equal(st.Total.Groups, int64(8)) // the partitions' added up
+	is.Equal(st.Total.Messages, int64(8))
+
+	var groups []struct{ Group string }
+	is.NoErr(json.Unmarshal([]byte(h.ok("", "groups", "--json").stdout), &groups))
+	is.Equal(len(groups), 8)
+	is.Equal(groups[0].Group, "px-0") // merged in id order
+	is.True(strings.Contains(h.ok("", "peek", "px-3").stdout, "e3"))
+
+	h.ok("", "pause", "px-2")
+	is.NoErr(json.Unmarshal([]byte(h.ok("", "groups", "--state", "paused", "--json").stdout), &groups))
+	is.Equal(len(groups), 1)
+	is.Equal(groups[0].Group, "px-2")
+	h.ok("", "resume", "px-2")
+	h.ok("", "purge", "px-5", "--yes")
+	h.fails(3, "", []string{"group", "px-5"}, "unknown group")
+	h.ok("", "dead", "list")
+
+	var published int64
+	is.NoErr(p.Proxy.QueryRow(context.Background(), `SELECT sum(published)::BIGINT FROM harel_counters()`).Scan(&published))
+	is.Equal(published, int64(8)) // the dashboard's counter, over all partitions
+
+	h.fails(2, "", []string{"migrate", "apply"}, "proxy")
+	is.True(strings.Contains(h.ok("", "migrate", "apply", "--proxy").stdout, "up to date"))
+}
