@@ -212,6 +212,12 @@ func TestProxyClaimNeverEmptyWhileWork(t *testing.T) {
 			_, err := p.Proxy.Exec(ctx(t), `SELECT harel_publish($1, 'x', $2)`, g, i)
 			is.NoErr(err)
 		}
+		// A batch claim of none leases none.
+		for _, limit := range []string{"0", "NULL"} {
+			var n int
+			is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT count(*) FROM harel_claim_many(`+nowSQL+`, `+nowSQL+` + 30, 'none', 0, `+limit+`)`).Scan(&n))
+			is.Equal(n, 0)
+		}
 		// Floor 3: only partition 3's group (priority 3) qualifies.
 		g, _, _, ok := claim(t, p.Proxy, "floor", 3)
 		is.True(ok)
@@ -417,6 +423,7 @@ func TestProxyRefusals(t *testing.T) {
 		{"a bad group in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d',''], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,0])`, "23514"},
 		{"a NULL event in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4',NULL], ARRAY[0,0,0,0,0])`, "23502"},
 		{"a bad priority in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,5])`, "23514"},
+		{"a NULL priority in a batch", `SELECT * FROM harel_publish_many(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,NULL])`, "23502"},
 		{"a bad key in a batch", `SELECT * FROM harel_publish_keyed(ARRAY['a','b','c','d','e'], ARRAY['1','2','3','4','5'], ARRAY[0,0,0,0,0], ARRAY['k','k','k','k',''], 60)`, "PT006"},
 		{"negative window", `SELECT * FROM harel_publish_keyed(ARRAY['a'], ARRAY['x'], ARRAY[0], ARRAY['k'], -1)`, "PT006"},
 		{"unknown order", `SELECT * FROM harel_groups(NULL, NULL, 'sideways', 0, 10)`, "22023"},
@@ -489,15 +496,33 @@ func TestApplyProxyRefuses(t *testing.T) {
 
 	// A cluster whose partition count is not the one the proxy was checked
 	// with (as after an ALTER SERVER that adds partitions) routes nothing.
-	_, err = p.Proxy.Exec(ctx(t), `UPDATE transport_proxy_parts SET parts = 8`)
-	is.NoErr(err)
-	for _, q := range []string{`SELECT harel_publish('moved', 'x')`, `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` + 30, 't')`, `SELECT * FROM harel_stats()`} {
-		_, err = p.Proxy.Exec(ctx(t), q)
-		is.Equal(sqlstate(err), "22023") // refused
+	// So is one whose partitions' connection strings changed (swapped,
+	// replaced): as if checked with others.
+	for _, change := range []string{`UPDATE transport_proxy_parts SET parts = 8`, `UPDATE transport_proxy_parts SET digest = md5('another cluster')`} {
+		_, err = p.Proxy.Exec(ctx(t), change)
+		is.NoErr(err)
+		for _, q := range []string{
+			`SELECT harel_publish('moved', 'x')`,
+			`SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` + 30, 't')`,
+			`SELECT * FROM harel_stats()`,
+			`SELECT * FROM harel_dead_letters('moved', NULL, 10)`,
+		} {
+			_, err = p.Proxy.Exec(ctx(t), q)
+			is.Equal(sqlstate(err), "22023") // refused
+		}
+		is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)) // checked again: the cluster's own
 	}
-	is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)) // checked again: the count is the cluster's
 	_, err = p.Proxy.Exec(ctx(t), `SELECT harel_publish('moved', 'x')`)
 	is.NoErr(err)
+
+	// A database with messages from before is not numbered: they could be
+	// another partition's groups.
+	single := pgtest.New(t, 2)
+	is.NoErr(schema.Apply(ctx(t), single.Pool, single.Schema))
+	_, err = single.Pool.Exec(ctx(t), `SELECT harel_publish('before', 'x')`)
+	is.NoErr(err)
+	err = schema.Partition(ctx(t), single.Pool, single.Schema, 0)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
 
 	// A partition that lost its number (as a database never numbered is).
 	_, err = p.Parts[2].Exec(ctx(t), `DELETE FROM transport_partition`)
@@ -515,11 +540,17 @@ func TestApplyProxyRefuses(t *testing.T) {
 // TestProxyLeastPrivilege: a role given ProxyGrants on the proxy and Grants
 // on each partition, and nothing else, publishes (both forms), claims,
 // acks and reads the stats through the proxy; it cannot change the
-// proxy's functions.
+// proxy's functions. PL/Proxy connects to the partitions as that role,
+// which has no password: the test needs a server that trusts local
+// connections (the harness's own and CI's do). Its proxy is its own: the
+// grant on the cluster's server row would race other tests' use of it.
 func TestProxyLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	p := pgtest.Partitions(t, 4)
+	if cfg, err := pgx.ParseConfig(pgtest.DSN(t)); err != nil || cfg.Password != "" {
+		t.Skip("needs a test server that trusts local connections: PL/Proxy connects as a role with no password")
+	}
+	p := pgtest.PartitionsOn(t, 4, nil)
 	role := "w_" + p.Schema
 	r := pgx.Identifier{role}.Sanitize()
 	dbs := append([]*pgxpool.Pool{p.Proxy}, p.Parts...)

@@ -34,15 +34,17 @@ func TestOnAProxy(t *testing.T) {
 		fmt.Fprintf(&in, "{\"group\": \"px-%d\", \"event\": \"e%d\", \"priority\": %d}\n", i, i, i%5)
 	}
 	h.ok(in.String(), "publish")
-	perPart := map[int]int{}
-	var sum int
-	for i, part := range p.Parts {
+	var sum, holding int
+	for _, part := range p.Parts {
 		var n int
 		is.NoErr(part.QueryRow(context.Background(), `SELECT count(*) FROM transport_messages`).Scan(&n))
-		perPart[i], sum = n, sum+n
+		sum += n
+		if n > 0 {
+			holding++
+		}
 	}
 	is.Equal(sum, 8)
-	is.True(len(perPart) > 1) // spread over partitions
+	is.True(holding > 1) // spread over partitions
 
 	var st struct {
 		Total struct{ Groups, Messages int64 }

@@ -130,6 +130,36 @@ func PartitionsOn(tb testing.TB, n int, own map[int]string) *Partitioned {
 	return p
 }
 
+// privateProxyPrefix starts the name of a private proxy database, which
+// goes on with its maker's owner name: sweepProxies drops those of makers
+// that are gone.
+const privateProxyPrefix = "pgtransport_test_proxy_"
+
+// sweepProxies drops the private proxy databases whose maker has no
+// connection left on the server (killed before its cleanup ran).
+func sweepProxies(ctx context.Context, adm *pgxpool.Pool) error {
+	rows, err := adm.Query(ctx, `
+		SELECT d.datname FROM pg_database AS d
+		 WHERE d.datname LIKE $1 || '%'
+		   AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a
+		                    WHERE a.application_name = 'pgtest ' || split_part(substr(d.datname, length($1) + 1), '_', 1))`,
+		privateProxyPrefix)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if _, err := adm.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // privateCluster is shared with the partitions own names instead, and a
 // proxy database of its own whose cluster lists them.
 func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, err error) {
@@ -141,7 +171,7 @@ func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, er
 	defer cancel()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	name := "pgtransport_test_proxy_" + hex.EncodeToString(b[:])
+	name := privateProxyPrefix + owner + "_" + hex.EncodeToString(b[:])
 	if _, err := adm.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create database %s: %w", name, err)
 	}
@@ -289,6 +319,9 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
 		}
 	}
+	if err := sweepProxies(ctx, adm); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: sweep proxy databases: %v\n", err)
+	}
 	return c, nil
 }
 
@@ -299,8 +332,20 @@ func (c *partCluster) defineCluster(ctx context.Context) error {
 	if _, err := c.proxy.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS plproxy`); err != nil {
 		return err
 	}
-	var ddl string
+	// Left alone when it lists these partitions already: an ALTER SERVER
+	// makes every proxy backend reconnect, and races other processes'
+	// grants on the server row.
+	var same bool
 	if err := c.proxy.QueryRow(ctx, `
+		SELECT COALESCE((SELECT array_agg(o.option_value ORDER BY substr(o.option_name, 2)::INT)
+		                   FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
+		                  WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$') = $1::TEXT[], false)`, c.plproxy).Scan(&same); err != nil {
+		return err
+	}
+	var ddl string
+	if same {
+		ddl = `SELECT 1`
+	} else if err := c.proxy.QueryRow(ctx, `
 		SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_foreign_server WHERE srvname = 'pgtransport')
 		            THEN 'ALTER SERVER pgtransport OPTIONS (' || string_agg(format('SET p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'
 		            ELSE 'CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy OPTIONS (' || string_agg(format('p%s %L', t.i - 1, t.c), ', ' ORDER BY t.i) || ')'

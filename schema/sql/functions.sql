@@ -2777,8 +2777,8 @@ AS $$ DELETE FROM transport_waiters WHERE waiter = p_waiter $$;
 -- takes messages through a proxy; again with the same number it changes
 -- nothing. A different number than the one recorded is refused (22023):
 -- messages it holds would be looked for in the wrong partition; so is a
--- database that holds messages or dead letters from before (their seqs
--- could be another partition's).
+-- database that holds messages or dead letters from before (their groups
+-- and seqs could be another partition's).
 CREATE OR REPLACE FUNCTION harel_partition(p_index INT)
 RETURNS VOID
 LANGUAGE plpgsql
@@ -2801,9 +2801,11 @@ BEGIN
     ELSIF v_part IS NOT NULL THEN
         RAISE EXCEPTION 'harel_partition: this database is partition %, not %', v_part, p_index USING ERRCODE = '22023';
     END IF;
-    -- Seqs from before (1, 2, 3, ...) could be another partition's.
-    IF EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq & 1023 <> p_index)
-       OR EXISTS (SELECT 1 FROM transport_dead_letters AS d WHERE d.seq & 1023 <> p_index) THEN
+    -- Messages from before could be another partition's groups, and their
+    -- seqs another partition's: an unnumbered database must be empty.
+    -- Publishes wait until it is numbered.
+    LOCK TABLE transport_messages, transport_dead_letters IN SHARE MODE;
+    IF EXISTS (SELECT 1 FROM transport_messages) OR EXISTS (SELECT 1 FROM transport_dead_letters) THEN
         RAISE EXCEPTION 'harel_partition: this database holds messages or dead letters from before it was numbered; drain and purge them first'
             USING ERRCODE = '22023';
     END IF;

@@ -84,41 +84,49 @@ BEGIN
 END
 $pgtransport$;
 
--- transport_proxy_parts is the partition count the proxy was checked
--- against (harel_px_check). Every routed call compares the cluster's count
--- with it (harel_px_parts): a cluster given more partitions by ALTER
--- SERVER would send a group's next messages to another partition than its
--- earlier ones, so it is refused until the proxy is checked again.
+-- transport_proxy_parts is the cluster the proxy was checked against
+-- (harel_px_check): its partition count and a digest of its partitions'
+-- connection strings in order. Every routed call compares the cluster's
+-- with it (harel_px_parts): a cluster given more partitions, or whose
+-- partitions were swapped or replaced, by ALTER SERVER, would send a
+-- group's next messages to another partition than its earlier ones, so it
+-- is refused until the proxy is checked again.
 CREATE TABLE IF NOT EXISTS transport_proxy_parts (
-    id    BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
-    parts INT NOT NULL
+    id     BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
+    parts  INT NOT NULL,
+    digest TEXT NOT NULL
 );
 
--- harel_px_count is the number of partitions in cluster 'pgtransport'
--- (options p0, p1, ...; PL/Proxy's other spelling, partition_0, ..., is
--- not counted, so such a cluster is refused).
-CREATE OR REPLACE FUNCTION harel_px_count()
-RETURNS INT
+-- harel_px_cluster is cluster 'pgtransport' as it is: the number of its
+-- partitions (options p0, p1, ...; PL/Proxy's other spelling,
+-- partition_0, ..., is not counted, so such a cluster is refused) and a
+-- digest of their connection strings in order.
+CREATE OR REPLACE FUNCTION harel_px_cluster(OUT parts INT, OUT digest TEXT)
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
-AS $$ SELECT count(*)::INT
+AS $$ SELECT count(*)::INT, md5(COALESCE(string_agg(o.option_value, E'\n' ORDER BY substr(o.option_name, 2)::INT), ''))
         FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
        WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$' $$;
 
--- harel_px_parts is that number, refused (22023) unless it is the one the
--- proxy was checked against.
+-- harel_px_parts is the number of partitions, refused (22023) unless the
+-- cluster is the one the proxy was checked against.
 CREATE OR REPLACE FUNCTION harel_px_parts()
 RETURNS INT
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_n    INT := harel_px_count();
-    v_want INT := (SELECT p.parts FROM transport_proxy_parts AS p);
+    v_n      INT;
+    v_digest TEXT;
+    v_want_n INT;
+    v_want_d TEXT;
 BEGIN
-    IF v_n IS DISTINCT FROM v_want THEN
-        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions, the proxy was checked with %: groups would move', v_n, v_want
-            USING ERRCODE = '22023', HINT = 'Changing the partition count needs the groups moved first; then check the proxy again (schema.ApplyProxy).';
+    SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
+    SELECT p.parts, p.digest INTO v_want_n, v_want_d FROM transport_proxy_parts AS p;
+    IF v_n IS DISTINCT FROM v_want_n OR v_digest IS DISTINCT FROM v_want_d THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport (% partitions) is not the one the proxy was checked with (%): groups would move',
+                        v_n, COALESCE(v_want_n::TEXT, 'none')
+            USING ERRCODE = '22023', HINT = 'Changing the partitions needs the groups moved first; then check the proxy again (schema.ApplyProxy).';
     END IF;
     RETURN v_n;
 END
@@ -143,7 +151,7 @@ CREATE OR REPLACE FUNCTION harel_px_route(p_group TEXT)
 RETURNS SETOF INT
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
-AS $$ SELECT hashtext(p_group) WHERE p_group IS NOT NULL
+AS $$ SELECT hashtext(p_group) FROM harel_px_parts() WHERE p_group IS NOT NULL
       UNION ALL
       SELECT generate_series(0, harel_px_parts() - 1) WHERE p_group IS NULL $$;
 
@@ -164,9 +172,11 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_n INT := harel_px_count();
-    r   RECORD;
+    v_n      INT;
+    v_digest TEXT;
+    r        RECORD;
 BEGIN
+    SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
     IF v_n = 0 OR v_n & (v_n - 1) <> 0 THEN
         RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions; it needs a power of two (a foreign server pgtransport of the plproxy wrapper, options p0, p1, ...)', v_n
             USING ERRCODE = '22023';
@@ -184,8 +194,8 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
     END LOOP;
-    INSERT INTO transport_proxy_parts (parts) VALUES (v_n)
-        ON CONFLICT (id) DO UPDATE SET parts = EXCLUDED.parts;
+    INSERT INTO transport_proxy_parts (parts, digest) VALUES (v_n, v_digest)
+        ON CONFLICT (id) DO UPDATE SET parts = EXCLUDED.parts, digest = EXCLUDED.digest;
     RETURN v_n;
 END
 $$;
@@ -288,6 +298,9 @@ DECLARE
     v_msg   TEXT;
     v_hint  TEXT;
 BEGIN
+    IF NOT p_one AND (p_limit IS NULL OR p_limit <= 0) THEN
+        RETURN;  -- as one database: nothing asked, nothing leased or checked
+    END IF;
     FOR i IN 0 .. v_n - 1 LOOP
         BEGIN
             RETURN QUERY SELECT * FROM harel_px_claim((v_start + i) % v_n, p_now, p_lease, p_token, p_min_priority,
@@ -298,9 +311,7 @@ BEGIN
             v_got := 0;
         END;
         v_left := v_left - v_got;
-        -- Done when enough are leased; a p_limit of 0, less or NULL: what
-        -- the first partition answers, as one database would.
-        EXIT WHEN v_left IS NULL OR v_left <= 0;
+        EXIT WHEN v_left <= 0;  -- enough leased
     END LOOP;
     IF v_state IS NOT NULL AND v_left IS NOT DISTINCT FROM v_want THEN
         RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_msg, HINT = COALESCE(v_hint, '');
@@ -347,7 +358,10 @@ LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_home(p_groups); $$;
 
 -- harel_px_split_check refuses arrays of different lengths as the
--- partitions would (SPLIT needs them equal too).
+-- partitions would (SPLIT needs them equal too): a NULL array's length is
+-- NULL, which differs from any other (the batch functions of one database
+-- but harel_publish_many compare so; an empty batch reaches no partition,
+-- so only the proxy's checks apply to it).
 CREATE OR REPLACE FUNCTION harel_px_split_check(p_fn TEXT, p_n INT, VARIADIC p_lens INT[])
 RETURNS VOID
 LANGUAGE plpgsql IMMUTABLE
@@ -377,7 +391,15 @@ BEGIN
         RAISE EXCEPTION '%: a group id outside 1 to 1,024 bytes', p_fn
             USING ERRCODE = '23514', CONSTRAINT = 'transport_messages_group_id_valid';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_priorities) AS q WHERE q NOT BETWEEN 0 AND 4) THEN
+    -- A group's first message in the batch gives a new group its
+    -- priority, and one database checks that one alone (whether or not
+    -- the group is new).
+    IF EXISTS (SELECT 1 FROM (SELECT DISTINCT ON (u.g) u.q FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, q, n)
+                              ORDER BY u.g, u.n) AS f WHERE f.q IS NULL) THEN
+        RAISE EXCEPTION '%: a NULL priority', p_fn USING ERRCODE = '23502';
+    END IF;
+    IF EXISTS (SELECT 1 FROM (SELECT DISTINCT ON (u.g) u.q FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, q, n)
+                              ORDER BY u.g, u.n) AS f WHERE f.q NOT BETWEEN 0 AND 4) THEN
         RAISE EXCEPTION '%: a priority outside 0 to 4', p_fn USING ERRCODE = '23514';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(p_keys) AS k WHERE k = '' OR octet_length(k) > 256) THEN
@@ -394,7 +416,13 @@ AS $$
 DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
-    PERFORM harel_px_split_check('harel_publish_many', v_n, COALESCE(cardinality(p_events), 0), COALESCE(cardinality(p_priorities), 0));
+    -- One database compares with <>: a NULL array passes, as nothing.
+    IF cardinality(p_events) <> cardinality(p_groups) OR cardinality(p_priorities) <> cardinality(p_groups) THEN
+        RAISE EXCEPTION 'harel_publish_many: arrays of different lengths' USING ERRCODE = '22023';
+    END IF;
+    IF p_groups IS NULL OR p_events IS NULL OR p_priorities IS NULL THEN
+        RETURN;
+    END IF;
     PERFORM harel_px_publish_check('harel_publish_many', p_groups, p_events, p_priorities, NULL);
     RETURN QUERY SELECT r.seq
                    FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
@@ -412,10 +440,13 @@ AS $$
 DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
-    PERFORM harel_px_split_check('harel_publish_keyed', v_n, COALESCE(cardinality(p_events), 0),
-                                 COALESCE(cardinality(p_priorities), 0), COALESCE(cardinality(p_keys), 0));
+    PERFORM harel_px_split_check('harel_publish_keyed', cardinality(p_groups), cardinality(p_events),
+                                 cardinality(p_priorities), cardinality(p_keys));
     IF p_window IS NULL OR p_window < 0 THEN
         RAISE EXCEPTION 'harel_publish_keyed: p_window % is NULL or negative', p_window USING ERRCODE = 'PT006';
+    END IF;
+    IF p_groups IS NULL THEN
+        RETURN;  -- every array NULL: nothing, as one database
     END IF;
     PERFORM harel_px_publish_check('harel_publish_keyed', p_groups, p_events, p_priorities, p_keys);
     -- A key of NULL means none; the partition tells the two apart by
@@ -444,11 +475,14 @@ AS $$
 DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
-    PERFORM harel_px_split_check('harel_ack_many', v_n, COALESCE(cardinality(p_seqs), 0),
-                                 COALESCE(cardinality(p_tokens), 0), COALESCE(cardinality(p_keep), v_n));
+    PERFORM harel_px_split_check('harel_ack_many', cardinality(p_groups), cardinality(p_seqs),
+                                 cardinality(p_tokens), cardinality(p_keep));
+    IF p_groups IS NULL THEN
+        RETURN;  -- every array NULL: nothing, as one database
+    END IF;
     RETURN QUERY SELECT r.group_id, r.held, r.next_seq, r.next_event
                    FROM harel_px_ack_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_seqs, p_tokens,
-                                          COALESCE(p_keep, array_fill(false, ARRAY[v_n])), p_now, p_lease) AS r
+                                          p_keep, p_now, p_lease) AS r
                   ORDER BY r.ord;
 END
 $$;
@@ -469,7 +503,13 @@ AS $$
 DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
-    PERFORM harel_px_split_check('harel_extend_many', v_n, COALESCE(cardinality(p_seqs), 0), COALESCE(cardinality(p_tokens), 0));
+    IF p_lease IS NULL THEN
+        RAISE EXCEPTION 'harel_extend_many: the lease end p_lease (%) is NULL or in the past', p_lease USING ERRCODE = 'PT003';
+    END IF;
+    PERFORM harel_px_split_check('harel_extend_many', cardinality(p_groups), cardinality(p_seqs), cardinality(p_tokens));
+    IF p_groups IS NULL THEN
+        RETURN;  -- every array NULL: nothing, as one database
+    END IF;
     RETURN QUERY SELECT r.group_id, r.held
                    FROM harel_px_extend_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_seqs, p_tokens, p_lease) AS r
                   ORDER BY r.ord;
