@@ -81,8 +81,11 @@ proxy's functions and checks every partition through the cluster.`,
 		Args: a.exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if proxy && partition >= 0 {
+			switch {
+			case proxy && partition >= 0:
 				return usageErrorf("--proxy and --partition: a database is one or the other")
+			case partition > 1023 || partition < -1:
+				return usageErrorf("--partition %d: a partition's number is 0 to 1023", partition)
 			}
 			pool, err := a.connect(ctx)
 			if err != nil {
@@ -99,9 +102,6 @@ proxy's functions and checks every partition through the cluster.`,
 				if err == nil && partition >= 0 {
 					err = schema.Partition(ctx, pool, a.schema, partition)
 				}
-			}
-			if errors.Is(err, pgtransport.ErrInvalidConfig) {
-				return usageErrorf("%v", err)
 			}
 			if err != nil {
 				return err

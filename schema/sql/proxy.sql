@@ -123,10 +123,15 @@ DECLARE
 BEGIN
     SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
     SELECT p.parts, p.digest INTO v_want_n, v_want_d FROM transport_proxy_parts AS p;
-    IF v_n IS DISTINCT FROM v_want_n OR v_digest IS DISTINCT FROM v_want_d THEN
-        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport (% partitions) is not the one the proxy was checked with (%): groups would move',
-                        v_n, COALESCE(v_want_n::TEXT, 'none')
-            USING ERRCODE = '22023', HINT = 'Changing the partitions needs the groups moved first; then check the proxy again (schema.ApplyProxy).';
+    IF v_want_n IS NULL THEN
+        RAISE EXCEPTION 'pgtransport proxy: the proxy has not been checked against cluster pgtransport'
+            USING ERRCODE = '22023', HINT = 'Check it: pgtransport migrate apply --proxy, or schema.ApplyProxy.';
+    ELSIF v_n IS DISTINCT FROM v_want_n THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions, the proxy was checked with %: groups would be looked for in other partitions', v_n, v_want_n
+            USING ERRCODE = '22023', HINT = 'Changing the partition count needs the groups moved first (not built yet); put the cluster back.';
+    ELSIF v_digest IS DISTINCT FROM v_want_d THEN
+        RAISE EXCEPTION 'pgtransport proxy: the connection strings of cluster pgtransport changed since the proxy was checked'
+            USING ERRCODE = '22023', HINT = 'If each partition is still where it was (a timeout or password changed), check the proxy again: pgtransport migrate apply --proxy, or schema.ApplyProxy; it refuses a cluster whose partitions moved.';
     END IF;
     RETURN v_n;
 END
