@@ -606,3 +606,34 @@ func TestProxyLeastPrivilege(t *testing.T) {
 	_, err = conn.Exec(ctx(t), `CREATE OR REPLACE FUNCTION harel_px_parts() RETURNS INT LANGUAGE sql AS $$ SELECT 1 $$`)
 	is.Equal(sqlstate(err), "42501") // insufficient_privilege
 }
+
+// TestProxyCallsRefuseBadInput: the proxy's Go calls refuse what they
+// cannot do with a typed error and write nothing: a database without
+// PL/Proxy or without the cluster, a partition number out of range, a bad
+// schema or role name, a nil handle, a cancelled ctx.
+func TestProxyCallsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2) // the test server's own database: no proxy there
+	err := schema.ApplyProxy(ctx(t), db.Pool, db.Schema)
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	var tables int
+	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, db.Schema).Scan(&tables))
+	is.Equal(tables, 0) // nothing written
+
+	is.True(errors.Is(schema.Partition(ctx(t), db.Pool, db.Schema, -1), pgtransport.ErrInvalidConfig))
+	is.True(errors.Is(schema.Partition(ctx(t), db.Pool, db.Schema, 1024), pgtransport.ErrInvalidConfig))
+	is.True(errors.Is(schema.Partition(ctx(t), nil, db.Schema, 0), pgtransport.ErrInvalidConfig))
+	is.True(errors.Is(schema.ApplyProxy(ctx(t), nil, db.Schema), pgtransport.ErrInvalidConfig))
+	is.True(errors.Is(schema.ApplyProxy(ctx(t), db.Pool, "pg_proxy"), pgtransport.ErrInvalidSchema))
+	_, err = schema.ProxyGrants(db.Schema, "")
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+	_, err = schema.ProxyGrants("pg_x", "worker")
+	is.True(errors.Is(err, pgtransport.ErrInvalidSchema))
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	is.True(errors.Is(schema.ApplyProxy(cancelled, db.Pool, db.Schema), context.Canceled))
+	is.True(errors.Is(schema.Partition(cancelled, db.Pool, db.Schema, 0), context.Canceled))
+	_, err = schema.ProxyVersion(ctx(t), db.Pool, db.Schema)
+	is.Equal(sqlstate(err), "42P01") // no proxy's table here
+}

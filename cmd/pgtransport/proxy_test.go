@@ -75,3 +75,19 @@ func TestOnAProxy(t *testing.T) {
 	h.fails(2, "", []string{"migrate", "apply"}, "proxy")
 	is.True(strings.Contains(h.ok("", "migrate", "apply", "--proxy").stdout, "up to date"))
 }
+
+// TestMigrateProxyFlags: the set-up flags refuse what cannot be meant
+// before they connect, and migrate sql --proxy prints the proxy's script.
+func TestMigrateProxyFlags(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	h := newHarness(t, false)
+	h.fails(2, "", []string{"migrate", "apply", "--partition", "1024"}, "0 to 1023")
+	h.fails(2, "", []string{"migrate", "apply", "--proxy", "--partition", "0"}, "one or the other")
+	var n int
+	is.NoErr(h.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, h.schema).Scan(&n))
+	is.Equal(n, 0) // nothing written
+	out := h.ok("", "migrate", "sql", "--proxy").stdout
+	is.True(strings.Contains(out, "harel_px_check("))                       // the proxy's script ...
+	is.True(!strings.Contains(out, "INSERT INTO transport_schema_version")) // ... not the queue's
+}

@@ -59,8 +59,15 @@ type partCluster struct {
 // too); any other failure fails it.
 func Partitions(tb testing.TB, n int) *Partitioned {
 	tb.Helper()
+	return forTest(tb, func() (*Partitioned, error) { return OpenPartitions(n, 8) })
+}
+
+// forTest opens a queue over partitions for tb: skipped, loudly, without
+// PL/Proxy; failed on any other error; dropped when tb ends.
+func forTest(tb testing.TB, open func() (*Partitioned, error)) *Partitioned {
+	tb.Helper()
 	DSN(tb)
-	p, err := OpenPartitions(n, 8)
+	p, err := open()
 	if errors.Is(err, ErrNoPLProxy) {
 		fmt.Fprintln(os.Stderr, "pgtest: "+plproxyInstall)
 		tb.Skip("pgtest: " + plproxyInstall)
@@ -105,29 +112,21 @@ func (p *Partitioned) Drop() error {
 // lists these partitions), dropped at the end.
 func PartitionsOn(tb testing.TB, n int, own map[int]string) *Partitioned {
 	tb.Helper()
-	DSN(tb)
-	shared, err := partitionCluster(n)
-	if errors.Is(err, ErrNoPLProxy) {
-		fmt.Fprintln(os.Stderr, "pgtest: "+plproxyInstall)
-		tb.Skip("pgtest: " + plproxyInstall)
-	}
-	if err != nil {
-		tb.Fatalf("pgtest: partitions: %v", err)
-	}
-	c, err := privateCluster(shared, own)
-	if err != nil {
-		tb.Fatalf("pgtest: partitions: %v", err)
-	}
-	p, err := c.open(8)
-	if err != nil {
-		tb.Fatalf("pgtest: partitions: %v", errors.Join(err, c.private()))
-	}
-	tb.Cleanup(func() {
-		if err := p.Drop(); err != nil {
-			tb.Errorf("pgtest: %v", err)
+	return forTest(tb, func() (*Partitioned, error) {
+		shared, err := partitionCluster(n)
+		if err != nil {
+			return nil, err
 		}
+		c, err := privateCluster(shared, own)
+		if err != nil {
+			return nil, err
+		}
+		p, err := c.open(8)
+		if err != nil {
+			return nil, errors.Join(err, c.private())
+		}
+		return p, nil
 	})
-	return p
 }
 
 // privateProxyPrefix starts the name of a private proxy database, which
@@ -172,8 +171,8 @@ func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, er
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := privateProxyPrefix + owner + "_" + hex.EncodeToString(b[:])
-	if _, err := adm.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("create database %s: %w", name, err)
+	if err := locked(ctx, adm, func(conn *pgxpool.Conn) error { return createDatabases(ctx, conn, name) }); err != nil {
+		return nil, err
 	}
 	c := &partCluster{partDSNs: slices.Clone(shared.partDSNs), plproxy: slices.Clone(shared.plproxy), parts: slices.Clone(shared.parts)}
 	var mine []*pgxpool.Pool
@@ -242,8 +241,7 @@ func partitionCluster(n int) (*partCluster, error) {
 
 // setUpCluster creates (if absent) n partition databases and a proxy
 // database with the plproxy extension and cluster pgtransport over them,
-// under a server-wide advisory lock: test processes of several packages
-// run at once, and CREATE DATABASE fails while another copies template1.
+// under setUpLock.
 func setUpCluster(n int) (_ *partCluster, err error) {
 	dsn, adm, err := server()
 	if err != nil {
@@ -262,32 +260,71 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := adm.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Release()
-	const lockKey = 0x70677470 // "pgtp", as schema's apply lock; the second key differs
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, -1)`, lockKey); err != nil {
-		return nil, err
-	}
-	defer func() {
-		_, uerr := conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1, -1)`, lockKey)
-		err = errors.Join(err, uerr)
-	}()
 	c := &partCluster{}
 	names := make([]string, n)
 	for i := range n {
 		names[i] = fmt.Sprintf("pgtransport_test_%dparts_p%d", n, i)
 	}
 	proxyName := fmt.Sprintf("pgtransport_test_%dparts_proxy", n)
-	for _, name := range append(names, proxyName) {
+	err = locked(ctx, adm, func(conn *pgxpool.Conn) error {
+		if err := createDatabases(ctx, conn, append(names, proxyName)...); err != nil {
+			return err
+		}
+		return c.setUp(ctx, base, names, proxyName)
+	})
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	for _, p := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
+		if _, err := sweep(ctx, p, time.Now()); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		}
+	}
+	if err := sweepProxies(ctx, adm); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: sweep proxy databases: %v\n", err)
+	}
+	return c, nil
+}
+
+// setUpLock is the server-wide advisory lock the test processes take to
+// create databases and define the shared clusters ("pgtp", as schema's
+// apply lock; the second key differs): several packages' tests run at
+// once, and two CREATE SERVERs of one cluster would collide.
+const setUpLock = 0x70677470
+
+// locked runs f on a connection of adm holding setUpLock.
+func locked(ctx context.Context, adm *pgxpool.Pool, f func(*pgxpool.Conn) error) (err error) {
+	conn, err := adm.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, -1)`, setUpLock); err != nil {
+		return err
+	}
+	defer func() {
+		_, uerr := conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1, -1)`, setUpLock)
+		err = errors.Join(err, uerr)
+	}()
+	return f(conn)
+}
+
+// createDatabases creates the databases names that do not exist yet.
+func createDatabases(ctx context.Context, conn *pgxpool.Conn, names ...string) error {
+	for _, name := range names {
 		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 			if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != "42P04" { // duplicate_database
-				return nil, fmt.Errorf("create database %s: %w", name, err)
+				return fmt.Errorf("create database %s: %w", name, err)
 			}
 		}
 	}
+	return nil
+}
+
+// setUp points c at the shared partition databases names and proxy
+// database proxyName (pools, connection strings) and defines its cluster.
+func (c *partCluster) setUp(ctx context.Context, base *pgx.ConnConfig, names []string, proxyName string) (err error) {
 	dbDSN := func(db string, withUser bool) string {
 		cfg := base.Copy()
 		cfg.Database = db
@@ -301,28 +338,14 @@ func setUpCluster(n int) (_ *partCluster, err error) {
 	for _, d := range c.partDSNs {
 		p, err := open(d, 4)
 		if err != nil {
-			c.close()
-			return nil, err
+			return err
 		}
 		c.parts = append(c.parts, p)
 	}
 	if c.proxy, err = open(c.proxyDSN, 4); err != nil {
-		c.close()
-		return nil, err
+		return err
 	}
-	if err := c.defineCluster(ctx); err != nil {
-		c.close()
-		return nil, err
-	}
-	for _, p := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
-		if _, err := sweep(ctx, p, time.Now()); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
-		}
-	}
-	if err := sweepProxies(ctx, adm); err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: sweep proxy databases: %v\n", err)
-	}
-	return c, nil
+	return c.defineCluster(ctx)
 }
 
 // defineCluster creates (or points at c's partitions) the proxy

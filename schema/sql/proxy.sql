@@ -454,8 +454,8 @@ BEGIN
         RETURN;  -- every array NULL: nothing, as one database
     END IF;
     PERFORM harel_px_publish_check('harel_publish_keyed', p_groups, p_events, p_priorities, p_keys);
-    -- A key of NULL means none; the partition tells the two apart by
-    -- p_keys being NULL as a whole, so an all-NULL batch stays keyed.
+    -- The partition tells a keyed batch from a plain one by p_window,
+    -- never NULL here: a batch whose keys are all NULL stays keyed.
     RETURN QUERY SELECT r.seq
                    FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
                                               p_keys, p_window) AS r
