@@ -30,9 +30,46 @@ func TestMain(m *testing.M) {
 
 func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 
-// blocking adapts the async Transport to the blocking contract by waiting
-// on each call's channel.
-type blocking struct{ t *async.Transport }
+// blocking adapts the async Transport, or Cluster, to the blocking
+// contract by waiting on each call's channel.
+type blocking struct{ t asyncAPI }
+
+// asyncAPI is the part of the channel-based API the contract calls: both
+// async.Transport and async.Cluster have it.
+type asyncAPI interface {
+	Publish(ctx context.Context, group, event string, priority int) <-chan async.Result[int64]
+	Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan async.Result[*pgtransport.Lease]
+	Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error
+	Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error
+	Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan error
+	PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan async.Result[[]int64]
+	ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) <-chan async.Result[[]*pgtransport.Lease]
+	AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan async.Result[[]error]
+	AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan async.Result[*pgtransport.Lease]
+	ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan async.Result[*pgtransport.Lease]
+	Fail(ctx context.Context, lease *pgtransport.Lease, cause error) <-chan error
+	PublishMessage(ctx context.Context, msg pgtransport.Message) <-chan async.Result[int64]
+	PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) <-chan async.Result[int64]
+	DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) <-chan async.Result[[]pgtransport.DeadLetter]
+	Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan async.Result[int64]
+	PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan async.Result[int64]
+	RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error
+	AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) <-chan error
+	AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease, state []byte) <-chan error
+	State(ctx context.Context, group string) <-chan async.Result[[]byte]
+	StateTx(ctx context.Context, tx pgx.Tx, group string) <-chan async.Result[[]byte]
+	Stats(ctx context.Context) <-chan async.Result[pgtransport.Stats]
+	Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan async.Result[[]pgtransport.GroupInfo]
+	Group(ctx context.Context, group string) <-chan async.Result[pgtransport.GroupInfo]
+	Peek(ctx context.Context, group string, n int) <-chan async.Result[[]pgtransport.PeekedMessage]
+	PauseGroup(ctx context.Context, group string) <-chan error
+	ResumeGroup(ctx context.Context, group string) <-chan error
+	PurgeGroup(ctx context.Context, group string, limit int) <-chan async.Result[int64]
+	Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error
+	WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error
+	PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan async.Result[int64]
+	Close()
+}
 
 func (b blocking) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
 	r := <-b.t.Publish(ctx, group, event, priority)

@@ -17,5 +17,10 @@
 // of leases in flight once acked, nacked or failed through the Transport.
 //
 // Every goroutine the package starts belongs to a Transport, and Close stops
-// it and waits for it.
+// it and waits for it (a ClusterStream's, to the stream: its Close).
+//
+// Cluster is the same API over a queue spread over several databases
+// behind a PL/Proxy proxy, as sync.Cluster: a Transport per partition,
+// each with its pool, listener and streams; a ClusterStream merges a
+// stream per partition, each with its share of MaxInFlight.
 package async

@@ -161,15 +161,31 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 // that stopped answering): then their ctx is cancelled. Later calls
 // deliver ErrClosed. Closes the pool FromDSN opened. Safe to call twice.
 func (t *Transport) Close() {
+	if t.beginClose() {
+		t.finishClose()
+	}
+}
+
+// beginClose is Close's first half, which waits for nothing: every later
+// call returns ErrClosed, streams and waits stop. False if the Transport
+// was closed already.
+func (t *Transport) beginClose() bool {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return
+		return false
 	}
 	t.closed = true
 	t.mu.Unlock()
 	t.cancel()
 	t.parking.Close()
+	return true
+}
+
+// finishClose is Close's second half: it waits for the Transport's
+// goroutines (cutting off round-trips still out after closeGrace), then
+// gives back the listener and closes an owned pool.
+func (t *Transport) finishClose() {
 	done := make(chan struct{})
 	go func() { // owned by Close, which waits for it below
 		defer close(done)

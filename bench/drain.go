@@ -87,23 +87,7 @@ func (c *checker) ack() {
 // verify fails on an order violation, or unless acked plus still queued
 // is published: a message lost, or acked twice.
 func (c *checker) verify(ctx context.Context, db *pgtest.DB, published int64) error {
-	c.mu.Lock()
-	err := c.err
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	if err := c.skipped(ctx, db.Pool); err != nil {
-		return err
-	}
-	left, _, err := leftover(ctx, db)
-	if err != nil {
-		return err
-	}
-	if acked := c.acked.Load(); acked+int64(left) != published {
-		return fmt.Errorf("published %d, acked %d, %d still queued: %d lost or acked twice", published, acked, left, published-acked-int64(left))
-	}
-	return nil
+	return c.verifyParts(ctx, []*pgxpool.Pool{db.Pool}, int(published))
 }
 
 // finished reports whether stop is closed or everything is acked.
@@ -190,14 +174,41 @@ func quiet(ctx context.Context, err error) error {
 // asyncDrainer: one stream holding up to W leases, drained by W goroutines
 // that ack what they receive (River's shape: W workers, at most W jobs
 // fetched at once). Its acks are settled in batches, with the next claims.
-type asyncDrainer struct{ tr *async.Transport }
+// It drains an async.Transport, or an async.Cluster (whose stream is one
+// per partition, merged).
+type asyncDrainer struct {
+	stream func(ctx context.Context, cfg async.StreamConfig) (leaseStream, error)
+	ack    func(ctx context.Context, l *pgtransport.Lease) <-chan error
+	shut   func()
+}
 
-func (d asyncDrainer) close() { d.tr.Close() }
+// leaseStream is what asyncDrainer takes from a stream.
+type leaseStream interface {
+	C() <-chan *pgtransport.Lease
+	Err() error
+	Close()
+}
+
+func transportDrainer(tr *async.Transport) asyncDrainer {
+	return asyncDrainer{
+		stream: func(ctx context.Context, cfg async.StreamConfig) (leaseStream, error) { return tr.Stream(ctx, cfg) },
+		ack:    tr.Ack, shut: tr.Close,
+	}
+}
+
+func clusterDrainer(c *async.Cluster) asyncDrainer {
+	return asyncDrainer{
+		stream: func(ctx context.Context, cfg async.StreamConfig) (leaseStream, error) { return c.Stream(ctx, cfg) },
+		ack:    c.Ack, shut: c.Close,
+	}
+}
+
+func (d asyncDrainer) close() { d.shut() }
 
 func (d asyncDrainer) drain(ctx context.Context, workers int, stop <-chan struct{}, c *checker) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s, err := d.tr.Stream(ctx, async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: workers})
+	s, err := d.stream(ctx, async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: workers})
 	if err != nil {
 		return err
 	}
@@ -214,7 +225,7 @@ func (d asyncDrainer) drain(ctx context.Context, workers int, stop <-chan struct
 					return s.Err()
 				}
 				c.claimed(l.Group, l.Seq)
-				if err := <-d.tr.Ack(ctx, l); err != nil {
+				if err := <-d.ack(ctx, l); err != nil {
 					return err
 				}
 				c.ack()
@@ -312,7 +323,7 @@ func openDrainer(ctx context.Context, system string, workers int) (drainer, *pgt
 		if err != nil {
 			return nil, db, err
 		}
-		d = asyncDrainer{tr}
+		d = transportDrainer(tr)
 	case "baseline":
 		if _, err := pgsync.New(ctx, db.Pool, cfg); err != nil { // applies the schema
 			return nil, db, err

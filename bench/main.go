@@ -158,6 +158,7 @@ func (r *runner) all(ctx context.Context) error {
 		{"runtime", r.runtime},
 		{"worktx", r.workTx},
 		{"proxy", r.proxy},
+		{"partitions", r.partitions},
 		{"hotgroup", r.hotGroup},
 		{"publish", r.publish},
 		{"jobs", r.jobs},

@@ -150,22 +150,8 @@ func (r *runner) proxy(ctx context.Context) error {
 // either acked once or still queued.
 func (r *runner) sqlDrainOnce(ctx context.Context, q *sqlQueue, window time.Duration) (rate, cpu float64, err error) {
 	n := max(r.s.backlog, 2*proxyGroups)
-	for i, part := range q.parts {
-		if _, err := part.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
-			return 0, 0, err
-		}
-		if _, err := part.Exec(ctx, `
-			INSERT INTO transport_messages (group_id, event)
-			SELECT 'g' || (i % $1), i::text FROM generate_series(0, $2 - 1) AS i
-			 WHERE hashtext('g' || (i % $1)) & ($3 - 1) = $4
-			 ORDER BY i`, proxyGroups, n, len(q.parts), i); err != nil {
-			return 0, 0, err
-		}
-		if _, err := part.Exec(ctx, `
-			INSERT INTO transport_groups (group_id) SELECT DISTINCT group_id FROM transport_messages;
-			ANALYZE transport_groups; ANALYZE transport_messages`); err != nil {
-			return 0, 0, err
-		}
+	if err := preloadParts(ctx, q.parts, n, proxyGroups); err != nil {
+		return 0, 0, err
 	}
 	c := newChecker(int64(n))
 	stop := make(chan struct{})
@@ -214,28 +200,62 @@ func (r *runner) sqlDrainOnce(ctx context.Context, q *sqlQueue, window time.Dura
 	if err != nil {
 		return 0, 0, err
 	}
-	c.mu.Lock()
-	err = c.err
-	c.mu.Unlock()
-	if err != nil {
+	if err := c.verifyParts(ctx, q.parts, n); err != nil {
 		return 0, 0, err
 	}
+	cpu, _ = perOp(before, after, c.acked.Load())
+	return float64(c.acked.Load()) / elapsed.Seconds(), cpu, nil
+}
+
+// preloadParts empties parts and loads n messages over groups groups,
+// each group's on its home partition (hashtext(group) & (N-1)), in seq
+// order.
+func preloadParts(ctx context.Context, parts []*pgxpool.Pool, n, groups int) error {
+	for i, part := range parts {
+		if _, err := part.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
+			return err
+		}
+		if _, err := part.Exec(ctx, `
+			INSERT INTO transport_messages (group_id, event)
+			SELECT 'g' || (i % $1), i::text FROM generate_series(0, $2 - 1) AS i
+			 WHERE hashtext('g' || (i % $1)) & ($3 - 1) = $4
+			 ORDER BY i`, groups, n, len(parts), i); err != nil {
+			return err
+		}
+		if _, err := part.Exec(ctx, `
+			INSERT INTO transport_groups (group_id) SELECT DISTINCT group_id FROM transport_messages;
+			ANALYZE transport_groups; ANALYZE transport_messages`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyParts is checker.verify over partitions: the order the checker
+// saw, no head skipped on any partition, and every one of the n messages
+// acked once or still queued.
+func (c *checker) verifyParts(ctx context.Context, parts []*pgxpool.Pool, n int) error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	left := 0
-	for _, part := range q.parts {
+	for _, part := range parts {
 		if err := c.skipped(ctx, part); err != nil {
-			return 0, 0, err
+			return err
 		}
 		var m int
 		if err := part.QueryRow(ctx, `SELECT count(*) FROM transport_messages`).Scan(&m); err != nil {
-			return 0, 0, err
+			return err
 		}
 		left += m
 	}
 	if acked := c.acked.Load(); acked+int64(left) != int64(n) {
-		return 0, 0, fmt.Errorf("published %d, acked %d, %d still queued: %d lost or acked twice", n, acked, left, int64(n)-acked-int64(left))
+		return fmt.Errorf("published %d, acked %d, %d still queued: %d lost or acked twice", n, acked, left, int64(n)-acked-int64(left))
 	}
-	cpu, _ = perOp(before, after, c.acked.Load())
-	return float64(c.acked.Load()) / elapsed.Seconds(), cpu, nil
+	return nil
 }
 
 // proxyTable renders the proxy suite, each case against direct.

@@ -118,6 +118,9 @@ func (r *runner) table() string {
 	if r.has("proxy") {
 		b.WriteString(proxyTable(r))
 	}
+	if r.has("partitions") {
+		b.WriteString(partitionsTable(r))
+	}
 	if r.has("hotgroup") {
 		b.WriteString("\n### One hot group (msgs/s): 64 workers against 1\n\n| system | workers | msgs/s | vs 1 worker |\n| --- | ---: | ---: | ---: |\n")
 		for _, res := range r.results {

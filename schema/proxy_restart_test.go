@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	stdsync "sync"
 	"sync/atomic"
 	"testing"
@@ -24,17 +23,7 @@ import (
 // group at a time, and nothing is left on any partition.
 func TestProxyPartitionRestart(t *testing.T) {
 	t.Parallel()
-	// The proxy (on the test server) connects to the throwaway cluster at
-	// 127.0.0.1: the test server must run on this machine.
-	if cfg, err := pgx.ParseConfig(pgtest.DSN(t)); err != nil ||
-		!(cfg.Host == "127.0.0.1" || cfg.Host == "localhost" || cfg.Host == "::1" || strings.HasPrefix(cfg.Host, "/")) {
-		t.Skip("needs a test server on this machine: the proxy connects to a throwaway cluster at 127.0.0.1")
-	}
-	cl, err := pgtest.StartCluster()
-	if err != nil {
-		t.Fatalf("throwaway cluster: %v", err)
-	}
-	t.Cleanup(cl.Stop)
+	cl := pgtest.PartitionServer(t)
 	p := pgtest.PartitionsOn(t, 4, map[int]string{1: cl.DSN()})
 	const groups, per = 40, 15
 	for m := range per {
@@ -145,7 +134,7 @@ func TestProxyPartitionRestart(t *testing.T) {
 	}
 	t.Logf("%d acks, %d while partition 1 was down", acks.Load(), acksWhileDown.Load())
 	var n int
-	err = p.Proxy.QueryRow(ctx(t), `SELECT count(*) FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 2, 'after')`).Scan(&n)
+	err := p.Proxy.QueryRow(ctx(t), `SELECT count(*) FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 2, 'after')`).Scan(&n)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("a claim through the proxy after the restart: %v", err)
 	}

@@ -1,6 +1,8 @@
 // Package sync is the blocking transport: every method returns when it is
 // done, and all but ClaimWait (which waits for work) are one round-trip to
-// PostgreSQL. It starts no goroutines.
+// PostgreSQL. A Transport starts no goroutines; a Cluster's calls that
+// span partitions run one per partition and wait for them before they
+// return.
 //
 // The package name shadows the standard library's; import it as
 //
@@ -36,4 +38,13 @@
 // A claim whose context is cancelled while the statement runs may still have
 // leased a message on the server: the caller never sees that lease, and the
 // message comes back when its visibility runs out.
+//
+// # Partitions
+//
+// Cluster is the same API over a queue spread over several databases
+// behind a PL/Proxy proxy (OpenCluster reads the map from the proxy, then
+// talks to each partition directly). The guarantees above hold within a
+// group, which lives on one partition; see Cluster for what spans
+// partitions (claims try each in turn, batches are atomic per partition,
+// a caller's transaction must be on the group's partition).
 package sync

@@ -119,14 +119,14 @@ func RunClosed(t *testing.T, open func(t *testing.T, db *pgxpool.Pool, cfg pgtra
 		t.Parallel()
 		db := pgtest.New(t, 8)
 		tr := open(t, db.Pool, pgtransport.Config{Schema: db.Schema})
-		afterClose(t, db, tr)
+		afterClose(t, tr, db.Pool.Begin, poolCount(t, db.Pool))
 		is := is.New(t)
 		is.NoErr(db.Pool.Ping(pgtest.Context(t))) // the caller's pool is still open
 	})
 	t.Run("FromDSN", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.New(t, 8)
-		afterClose(t, db, fromDSN(t, pgtest.DSN(t), pgtransport.Config{Schema: db.Schema}))
+		afterClose(t, fromDSN(t, pgtest.DSN(t), pgtransport.Config{Schema: db.Schema}), db.Pool.Begin, poolCount(t, db.Pool))
 	})
 	t.Run("PoolClosedByItsOwner", func(t *testing.T) {
 		t.Parallel()
@@ -144,9 +144,23 @@ func RunClosed(t *testing.T, open func(t *testing.T, db *pgxpool.Pool, cfg pgtra
 	})
 }
 
-// afterClose closes tr, which holds a lease of one of two messages, and
-// calls every method: each returns ErrClosed and writes nothing.
-func afterClose(t *testing.T, db *pgtest.DB, tr Closer) {
+// poolCount is a count(*) query's result on pool (0 after an error, which
+// fails t).
+func poolCount(t *testing.T, pool *pgxpool.Pool) func(query string, args ...any) int {
+	return func(query string, args ...any) int {
+		var n int
+		if err := pool.QueryRow(pgtest.Context(t), query, args...).Scan(&n); err != nil {
+			t.Errorf("%s: %v", query, err)
+		}
+		return n
+	}
+}
+
+// afterClose closes tr, which holds a lease of one of two messages of
+// group g, and calls every method: each returns ErrClosed and writes
+// nothing. begin begins a transaction where group h lives; count reads the
+// queue's tables.
+func afterClose(t *testing.T, tr Closer, begin func(context.Context) (pgx.Tx, error), count func(query string, args ...any) int) {
 	is := is.New(t)
 	ctx := pgtest.Context(t)
 	_, err := tr.Publish(ctx, "g", "g1", 0)
@@ -161,7 +175,7 @@ func afterClose(t *testing.T, db *pgtest.DB, tr Closer) {
 	// would wait for work) fails the test by its error, not by hanging.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	tx, err := db.Pool.Begin(ctx)
+	tx, err := begin(ctx)
 	is.NoErr(err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	calls := map[string]func() error{
@@ -204,10 +218,8 @@ func afterClose(t *testing.T, db *pgtest.DB, tr Closer) {
 			t.Errorf("%s after Close: got %v, want ErrClosed", name, err)
 		}
 	}
-	is.NoErr(tx.Commit(ctx)) // the PublishTx wrote nothing into it
-	var messages, held int
-	is.NoErr(db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups WHERE locked_by = $1)`, lease.Token).Scan(&messages, &held))
-	is.Equal(messages, 2) // nothing published, acked or
-	is.Equal(held, 1)     // given back
-	tr.Close()            // twice is fine
+	is.NoErr(tx.Commit(ctx))                                                                      // the PublishTx wrote nothing into it
+	is.Equal(count(`SELECT count(*) FROM transport_messages`), 2)                                 // nothing published, acked or
+	is.Equal(count(`SELECT count(*) FROM transport_groups WHERE locked_by = $1`, lease.Token), 1) // given back
+	tr.Close()                                                                                    // twice is fine
 }

@@ -145,3 +145,14 @@ func CauseText(cause error) string {
 	}
 	return s[:cut]
 }
+
+// CheckMessage is the check a publish of m makes before it sends anything
+// (a Cluster's, before it checks the caller's transaction).
+func (c *Core) CheckMessage(m pgtransport.Message) error { return c.checkMessage(m) }
+
+// CheckLease is the check a settle of l makes before it sends anything.
+func CheckLease(l *pgtransport.Lease) error { return checkLease(l) }
+
+// CheckGroup is the check a read of group's state makes before it sends
+// anything.
+func CheckGroup(group string) error { return checkGroup(group) }

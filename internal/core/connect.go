@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
@@ -25,16 +27,34 @@ func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.
 	if err != nil {
 		return nil, cfg, err
 	}
+	pcfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, cfg, err
+	}
+	pool, err := connectPool(ctx, pcfg, cfg)
+	return pool, cfg, err
+}
+
+// parseDSN is dsn's pool configuration, pgtransport.DefaultPoolSize
+// connections at most unless dsn sets pool_max_conns (or pgx's default is
+// larger).
+func parseDSN(dsn string) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, cfg, fmt.Errorf("%w: dsn: %w", pgtransport.ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: dsn: %w", pgtransport.ErrInvalidConfig, err)
 	}
 	if !setsPoolSize(dsn) {
 		pcfg.MaxConns = max(pcfg.MaxConns, pgtransport.DefaultPoolSize)
 	}
+	return pcfg, nil
+}
+
+// connectPool opens a pool on pcfg and waits until the server answers, as
+// Connect says; cfg has its defaults.
+func connectPool(ctx context.Context, pcfg *pgxpool.Config, cfg pgtransport.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, cfg, fmt.Errorf("connect: %w", err)
+		return nil, fmt.Errorf("connect: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, cfg.MaxConnectWait)
 	defer cancel()
@@ -57,11 +77,11 @@ func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.
 	if err != nil {
 		pool.Close()
 		if last != nil && !errors.Is(err, last) {
-			return nil, cfg, fmt.Errorf("connect: gave up: %w (last error: %w)", err, last)
+			return nil, fmt.Errorf("connect: gave up: %w (last error: %w)", err, last)
 		}
-		return nil, cfg, fmt.Errorf("connect: %w", err)
+		return nil, fmt.Errorf("connect: %w", err)
 	}
-	return pool, cfg, nil
+	return pool, nil
 }
 
 // setsPoolSize reports whether dsn, which pgxpool.ParseConfig accepted,
@@ -90,4 +110,173 @@ func FromDSN[T any](ctx context.Context, dsn string, cfg pgtransport.Config, ope
 		return zero, nil, err
 	}
 	return t, pool, nil
+}
+
+// mapSQL reads a proxy's partition map: harel_px_parts() refuses a cluster
+// the proxy was not checked against (schema.ApplyProxy) or that changed
+// since, and the options p0 ... pN-1 of the foreign server pgtransport
+// are the partitions' connection strings, in order. {s} is the schema.
+const mapSQL = `SELECT {s}harel_px_parts(),
+       (SELECT array_agg(o.option_value ORDER BY substr(o.option_name, 2)::INT)
+          FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
+         WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$')`
+
+// ConnectCluster reads the partition map of the PL/Proxy proxy at
+// proxyDSN (its cluster pgtransport, in the schema cfg.Schema names,
+// checked by schema.ApplyProxy) and connects to each partition, as
+// Connect does (retrying until cfg.MaxConnectWait), returning pools[i] on
+// partition i. Each partition is reached as the proxy was: its connection
+// string (which, as PL/Proxy's, names no role) with proxyDSN's role,
+// its password unless the string has one, its session settings (the
+// string's win) and its pool size. A proxy whose cluster changed since it
+// was checked, or a database that is no proxy, is ErrInvalidConfig. The
+// caller owns the pools.
+func ConnectCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) ([]*pgxpool.Pool, pgtransport.Config, error) {
+	cfg, err := Defaults(cfg)
+	if err != nil {
+		return nil, cfg, err
+	}
+	pcfg, err := parseDSN(proxyDSN)
+	if err != nil {
+		return nil, cfg, err
+	}
+	dsns, err := readMap(ctx, pcfg.Copy(), cfg)
+	if err != nil {
+		return nil, cfg, err
+	}
+	cfgs := make([]*pgxpool.Config, len(dsns))
+	for i, dsn := range dsns {
+		if cfgs[i], err = partitionConfig(dsn, pcfg); err != nil {
+			return nil, cfg, fmt.Errorf("%w: the connection string of partition p%d: %w", pgtransport.ErrInvalidConfig, i, err)
+		}
+	}
+	pools := make([]*pgxpool.Pool, len(dsns))
+	errs := make([]error, len(dsns))
+	each(allOf(len(dsns)), func(i int) { // at once: MaxConnectWait bounds them all
+		if pools[i], errs[i] = connectPool(ctx, cfgs[i], cfg); errs[i] != nil {
+			errs[i] = fmt.Errorf("partition p%d: %w", i, errs[i])
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		for _, p := range pools {
+			if p != nil {
+				p.Close()
+			}
+		}
+		return nil, cfg, err
+	}
+	return pools, cfg, nil
+}
+
+// partitionConfig is the pool configuration for a partition's connection
+// string dsn (the cluster's option), reached as the proxy's configuration
+// pcfg is: with its role, as PL/Proxy appends user= to the string (before
+// the string is read, so a password file is looked up for that role), its
+// password unless the string or the password file gives one, its session
+// settings where the string sets none, and its pool size. TLS is the
+// string's to set, as for PL/Proxy.
+func partitionConfig(dsn string, pcfg *pgxpool.Config) (*pgxpool.Config, error) {
+	uri := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+	if !uri {
+		user := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pcfg.ConnConfig.User)
+		dsn += " user='" + user + "'"
+	}
+	c, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	c.ConnConfig.User = pcfg.ConnConfig.User
+	if c.ConnConfig.Password == "" {
+		c.ConnConfig.Password = pcfg.ConnConfig.Password
+	}
+	for k, v := range pcfg.ConnConfig.RuntimeParams {
+		if _, ok := c.ConnConfig.RuntimeParams[k]; !ok {
+			c.ConnConfig.RuntimeParams[k] = v
+		}
+	}
+	c.MaxConns, c.MinConns = pcfg.MaxConns, pcfg.MinConns
+	return c, nil
+}
+
+// readMap reads the partition map through one connection to the proxy.
+func readMap(ctx context.Context, pcfg *pgxpool.Config, cfg pgtransport.Config) ([]string, error) {
+	pcfg.MaxConns, pcfg.MinConns = 1, 0
+	proxy, err := connectPool(ctx, pcfg, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	defer proxy.Close()
+	prefix := ""
+	if cfg.Schema != "" {
+		prefix = pgx.Identifier{cfg.Schema}.Sanitize() + "."
+	}
+	var (
+		n    int
+		dsns []string
+	)
+	err = proxy.QueryRow(ctx, strings.ReplaceAll(mapSQL, "{s}", prefix)).Scan(&n, &dsns)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "22023" || pgErr.Code == "42883") {
+		if pgErr.Code == "42883" {
+			return nil, fmt.Errorf("%w: no proxy schema there (schema.ApplyProxy, or pgtransport migrate apply --proxy): %s", pgtransport.ErrInvalidConfig, pgErr.Message)
+		}
+		return nil, fmt.Errorf("%w: %s", pgtransport.ErrInvalidConfig, pgErr.Message)
+	}
+	if err != nil {
+		return nil, mapErr("read the partition map", err)
+	}
+	if len(dsns) != n {
+		return nil, fmt.Errorf("%w: the proxy counts %d partitions, its cluster lists %d", pgtransport.ErrInvalidConfig, n, len(dsns))
+	}
+	return dsns, nil
+}
+
+// DialCluster is the front-ends' OpenCluster: ConnectCluster, then open a
+// cluster on the pools (newCluster: the front-end's NewCluster), closing
+// the pools if that fails. The caller owns the pools after.
+func DialCluster[T any](ctx context.Context, proxyDSN string, cfg pgtransport.Config, newCluster func([]*pgxpool.Pool, pgtransport.Config) (T, error)) (T, []*pgxpool.Pool, error) {
+	var zero T
+	pools, cfg, err := ConnectCluster(ctx, proxyDSN, cfg)
+	if err != nil {
+		return zero, nil, err
+	}
+	c, err := newCluster(pools, cfg)
+	if err != nil {
+		for _, p := range pools {
+			p.Close()
+		}
+		return zero, nil, err
+	}
+	return c, pools, nil
+}
+
+// OpenCluster is the front-ends' cluster opener: open a transport on each
+// of pools (partition i on pools[i]), then the Cluster of their cores
+// (NewCluster's checks), closing what it opened if any step fails.
+func OpenCluster[T any](ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config,
+	open func(*pgxpool.Pool) (T, error), coreOf func(T) *Core, closeT func(T)) (_ []T, _ *Cluster, err error) {
+	if len(pools) == 0 || len(pools) > MaxPartitions || len(pools)&(len(pools)-1) != 0 {
+		return nil, nil, fmt.Errorf("%w: %d partitions; a cluster has a power of two, 1 to %d", pgtransport.ErrInvalidConfig, len(pools), MaxPartitions)
+	}
+	var parts []T
+	defer func() {
+		if err != nil {
+			for _, p := range parts {
+				closeT(p)
+			}
+		}
+	}()
+	cores := make([]*Core, len(pools))
+	for i, pool := range pools {
+		p, err := open(pool)
+		if err != nil {
+			return nil, nil, fmt.Errorf("partition %d: %w", i, err)
+		}
+		parts = append(parts, p)
+		cores[i] = coreOf(p)
+	}
+	cl, err := NewCluster(ctx, cores)
+	if err != nil {
+		return nil, nil, err
+	}
+	return parts, cl, nil
 }

@@ -23,6 +23,10 @@ const (
 
 	nowExpr = `COALESCE($1::float8, extract(epoch FROM clock_timestamp())::float8)`
 
+	// partitionSQL reads the database's partition number (NULL: none) and
+	// its hashtext of $1 (Cluster's checks).
+	partitionSQL = `SELECT (SELECT part FROM {s}transport_partition), hashtext($1::text)`
+
 	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int)`
 
 	// A claim commits without waiting for its WAL flush (synchronous_commit
@@ -134,6 +138,7 @@ const (
 
 // statements are the SQL texts bound to one schema.
 type statements struct {
+	partition, partitionTable            string
 	publish, claim, ack, nack, extend    string
 	extendMany, ackClaim                 string
 	claimInTx, fail, release             string
@@ -195,5 +200,8 @@ func newStatements(schema string, clock bool) statements {
 
 		ackState: bind(ackStateSQL),
 		state:    bind(stateSQL),
+
+		partition:      bind(partitionSQL),
+		partitionTable: bind("{s}transport_partition"),
 	}
 }

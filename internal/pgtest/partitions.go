@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -127,6 +128,24 @@ func PartitionsOn(tb testing.TB, n int, own map[int]string) *Partitioned {
 		}
 		return p, nil
 	})
+}
+
+// PartitionServer starts a throwaway cluster for tb to hold a partition
+// it restarts (PartitionsOn), stopped and removed when tb ends. The proxy,
+// on the test server, connects to it at 127.0.0.1, so tb is skipped when
+// the test server is on another machine; failing to start fails it.
+func PartitionServer(tb testing.TB) *Cluster {
+	tb.Helper()
+	if cfg, err := pgx.ParseConfig(DSN(tb)); err != nil ||
+		!(cfg.Host == "127.0.0.1" || cfg.Host == "localhost" || cfg.Host == "::1" || strings.HasPrefix(cfg.Host, "/")) {
+		tb.Skip("needs a test server on this machine: the proxy connects to a throwaway cluster at 127.0.0.1")
+	}
+	c, err := StartCluster()
+	if err != nil {
+		tb.Fatalf("throwaway cluster: %v", err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
 }
 
 // privateProxyPrefix starts the name of a private proxy database, which

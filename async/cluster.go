@@ -1,0 +1,462 @@
+package async
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	stdsync "sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/worker"
+)
+
+// Cluster is the channel-based transport over one queue partitioned over
+// several PostgreSQL databases: sync.Cluster's twin (see it for what
+// spans partitions and what does not), with Transport's methods. Each
+// partition has a Transport of its own (Part), with its pool, its
+// listener and its streams; a call that names a group or a lease is that
+// partition's Transport's, and the calls that span partitions (claims,
+// batches, merged reads) run on a goroutine the Cluster waits for at
+// Close. It is safe for concurrent use.
+type Cluster struct {
+	cl    *core.Cluster
+	parts []*Transport
+	owned []*pgxpool.Pool // closed by Close; set by OpenCluster
+
+	mu      stdsync.Mutex
+	streams map[*ClusterStream]struct{} // open, for Close to wait for
+}
+
+// NewCluster returns a Cluster on pools, pools[i] on partition i's
+// database, opening a Transport on each (New) and checking them as
+// sync.NewCluster does. The caller owns the pools.
+func NewCluster(ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config) (*Cluster, error) {
+	parts, cl, err := core.OpenCluster(ctx, pools, cfg,
+		func(p *pgxpool.Pool) (*Transport, error) { return New(ctx, p, cfg) },
+		func(t *Transport) *core.Core { return t.core },
+		(*Transport).Close)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{cl: cl, parts: parts, streams: map[*ClusterStream]struct{}{}}, nil
+}
+
+// OpenCluster reads the partition map from the PL/Proxy proxy at proxyDSN
+// and connects to each partition, as sync.OpenCluster does; the Cluster
+// owns the pools.
+func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (*Cluster, error) {
+	c, pools, err := core.DialCluster(ctx, proxyDSN, cfg, func(pools []*pgxpool.Pool, cfg pgtransport.Config) (*Cluster, error) {
+		return NewCluster(ctx, pools, cfg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.owned = pools
+	return c, nil
+}
+
+// Close closes every partition's Transport (see Transport.Close: bounded):
+// first it stops them all, so every call waiting on any partition (a
+// ClaimWait, a stream) ends with ErrClosed at once; then it waits for each
+// one's goroutines, for the forwarders of its ClusterStreams (which give
+// back the leases they hold), and for ClaimWait's waits still ending
+// (core.Cluster.Wait); then it closes the pools OpenCluster opened. Safe
+// to call twice.
+func (c *Cluster) Close() {
+	var closing []*Transport
+	for _, t := range c.parts {
+		if t.beginClose() {
+			closing = append(closing, t)
+		}
+	}
+	for _, t := range closing {
+		t.finishClose()
+	}
+	c.mu.Lock()
+	streams := slices.Collect(maps.Keys(c.streams))
+	c.mu.Unlock()
+	for _, cs := range streams {
+		cs.wait()
+	}
+	c.cl.Wait()
+	if len(closing) > 0 {
+		for _, p := range c.owned {
+			p.Close()
+		}
+	}
+}
+
+// Partitions is the number of partitions.
+func (c *Cluster) Partitions() int { return c.cl.N() }
+
+// Home is the partition group lives on.
+func (c *Cluster) Home(group string) int { return c.cl.Home(group) }
+
+// Part is partition i's own Transport.
+func (c *Cluster) Part(i int) *Transport { return c.parts[i] }
+
+func (c *Cluster) home(group string) *Transport       { return c.parts[c.cl.Home(group)] }
+func (c *Cluster) of(l *pgtransport.Lease) *Transport { return c.parts[c.cl.Of(l)] }
+
+// spanning runs f, a call over several partitions, on a goroutine of
+// partition 0's Transport: Close waits for it (partition 0 closes first,
+// while the others' pools are still open), and cuts it short as it does
+// its own calls.
+func spanning[T any](c *Cluster, ctx context.Context, f func(context.Context) (T, error)) <-chan Result[T] {
+	return call(c.parts[0], ctx, f)
+}
+
+// inTx runs f, partition i's call in the caller's transaction tx, once tx
+// is checked to be on partition i's database (else ErrInvalidConfig).
+func inTx[T any](c *Cluster, ctx context.Context, tx pgx.Tx, i int, op string, pre error, f func(context.Context) <-chan Result[T]) <-chan Result[T] {
+	return call(c.parts[i], ctx, func(ctx context.Context) (T, error) {
+		if err := c.cl.CheckTx(ctx, tx, i, pre); err != nil {
+			var zero T
+			return zero, fmt.Errorf("%s: %w", op, err)
+		}
+		r := <-f(ctx)
+		return r.Value, r.Err
+	})
+}
+
+// inTxErr is inTx for an ack, whose channel delivers an error.
+func inTxErr(c *Cluster, ctx context.Context, tx pgx.Tx, i int, pre error, f func(context.Context) <-chan error) <-chan error {
+	return callErr(c.parts[i], ctx, func(ctx context.Context) error {
+		if err := c.cl.CheckTx(ctx, tx, i, pre); err != nil {
+			return fmt.Errorf("ack: %w", err)
+		}
+		return <-f(ctx)
+	})
+}
+
+// Publish is Transport.Publish on group's partition.
+func (c *Cluster) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
+	return c.home(group).Publish(ctx, group, event, priority)
+}
+
+// PublishMessage is Transport.PublishMessage on the group's partition.
+func (c *Cluster) PublishMessage(ctx context.Context, msg pgtransport.Message) <-chan Result[int64] {
+	return c.home(msg.Group).PublishMessage(ctx, msg)
+}
+
+// PublishTx is Transport.PublishTx; tx must be on group's partition's
+// database (Home), else ErrInvalidConfig and nothing is written.
+func (c *Cluster) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan Result[int64] {
+	i := c.cl.Home(group)
+	pre := c.cl.Part(i).CheckMessage(pgtransport.Message{Group: group, Event: event, Priority: priority})
+	return inTx(c, ctx, tx, i, "publish", pre, func(ctx context.Context) <-chan Result[int64] {
+		return c.parts[i].PublishTx(ctx, tx, group, event, priority)
+	})
+}
+
+// PublishMessageTx is Transport.PublishMessageTx, with tx as PublishTx says.
+func (c *Cluster) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) <-chan Result[int64] {
+	i := c.cl.Home(msg.Group)
+	return inTx(c, ctx, tx, i, "publish", c.cl.Part(i).CheckMessage(msg), func(ctx context.Context) <-chan Result[int64] {
+		return c.parts[i].PublishMessageTx(ctx, tx, msg)
+	})
+}
+
+// PublishMany is sync.Cluster.PublishMany: atomic per partition, not
+// across.
+func (c *Cluster) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
+	return spanning(c, ctx, func(ctx context.Context) ([]int64, error) { return c.cl.PublishMany(ctx, msgs) })
+}
+
+// Claim is sync.Cluster.Claim: the partitions in turn until one leases.
+func (c *Cluster) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
+	return spanning(c, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
+		return c.cl.Claim(ctx, workerID, visibility, minPriority)
+	})
+}
+
+// ClaimWait is sync.Cluster.ClaimWait: it waits on every partition.
+func (c *Cluster) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
+	return spanning(c, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
+		return c.cl.ClaimWait(ctx, workerID, visibility, minPriority)
+	})
+}
+
+// ClaimMany is sync.Cluster.ClaimMany.
+func (c *Cluster) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) <-chan Result[[]*pgtransport.Lease] {
+	return spanning(c, ctx, func(ctx context.Context) ([]*pgtransport.Lease, error) {
+		return c.cl.ClaimMany(ctx, workerID, visibility, minPriority, max)
+	})
+}
+
+// Ack is Transport.Ack on the lease's partition (batched into the round-
+// trips of the stream that holds it, if one does).
+func (c *Cluster) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
+	return c.of(lease).Ack(ctx, lease)
+}
+
+// AckMany is sync.Cluster.AckMany: one round-trip per partition, at once.
+func (c *Cluster) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan Result[[]error] {
+	return spanning(c, ctx, func(ctx context.Context) ([]error, error) {
+		errs, err := c.cl.AckMany(ctx, leases)
+		for k, l := range leases {
+			if k < len(errs) && (errs[k] == nil || errors.Is(errs[k], pgtransport.ErrLeaseLost)) {
+				c.of(l).forget(l) // settled or lost: no stream holds it now
+			}
+		}
+		return errs, err
+	})
+}
+
+// AckNext is Transport.AckNext on the lease's partition.
+func (c *Cluster) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan Result[*pgtransport.Lease] {
+	return c.of(lease).AckNext(ctx, lease, visibility)
+}
+
+// Nack is Transport.Nack on the lease's partition.
+func (c *Cluster) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error {
+	return c.of(lease).Nack(ctx, lease, delay)
+}
+
+// Fail is Transport.Fail on the lease's partition.
+func (c *Cluster) Fail(ctx context.Context, lease *pgtransport.Lease, cause error) <-chan error {
+	return c.of(lease).Fail(ctx, lease, cause)
+}
+
+// Extend is Transport.Extend on the lease's partition.
+func (c *Cluster) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan error {
+	return c.of(lease).Extend(ctx, lease, visibility)
+}
+
+// DeadLetters is sync.Cluster.DeadLetters: merged in seq order.
+func (c *Cluster) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) <-chan Result[[]pgtransport.DeadLetter] {
+	return spanning(c, ctx, func(ctx context.Context) ([]pgtransport.DeadLetter, error) { return c.cl.DeadLetters(ctx, q) })
+}
+
+// Redrive is sync.Cluster.Redrive.
+func (c *Cluster) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
+	return spanning(c, ctx, func(ctx context.Context) (int64, error) { return c.cl.Redrive(ctx, f) })
+}
+
+// PurgeDeadLetters is sync.Cluster.PurgeDeadLetters.
+func (c *Cluster) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
+	return spanning(c, ctx, func(ctx context.Context) (int64, error) { return c.cl.PurgeDeadLetters(ctx, f) })
+}
+
+// RestartGroup is Transport.RestartGroup on group's partition.
+func (c *Cluster) RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error {
+	return c.home(group).RestartGroup(ctx, group, skipHead)
+}
+
+// Stats is sync.Cluster.Stats: added up over the partitions.
+func (c *Cluster) Stats(ctx context.Context) <-chan Result[pgtransport.Stats] {
+	return spanning(c, ctx, c.cl.Stats)
+}
+
+// Groups is sync.Cluster.Groups: merged over the partitions.
+func (c *Cluster) Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan Result[[]pgtransport.GroupInfo] {
+	return spanning(c, ctx, func(ctx context.Context) ([]pgtransport.GroupInfo, error) { return c.cl.Groups(ctx, q) })
+}
+
+// Group is Transport.Group on group's partition.
+func (c *Cluster) Group(ctx context.Context, group string) <-chan Result[pgtransport.GroupInfo] {
+	return c.home(group).Group(ctx, group)
+}
+
+// Peek is Transport.Peek on group's partition.
+func (c *Cluster) Peek(ctx context.Context, group string, n int) <-chan Result[[]pgtransport.PeekedMessage] {
+	return c.home(group).Peek(ctx, group, n)
+}
+
+// PauseGroup is Transport.PauseGroup on group's partition.
+func (c *Cluster) PauseGroup(ctx context.Context, group string) <-chan error {
+	return c.home(group).PauseGroup(ctx, group)
+}
+
+// ResumeGroup is Transport.ResumeGroup on group's partition.
+func (c *Cluster) ResumeGroup(ctx context.Context, group string) <-chan error {
+	return c.home(group).ResumeGroup(ctx, group)
+}
+
+// PurgeGroup is Transport.PurgeGroup on group's partition.
+func (c *Cluster) PurgeGroup(ctx context.Context, group string, limit int) <-chan Result[int64] {
+	return c.home(group).PurgeGroup(ctx, group, limit)
+}
+
+// AckTx is Transport.AckTx; tx must be on the lease's partition's
+// database, else ErrInvalidConfig and nothing is written.
+func (c *Cluster) AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) <-chan error {
+	i := c.cl.Of(lease)
+	return inTxErr(c, ctx, tx, i, core.CheckLease(lease), func(ctx context.Context) <-chan error { return c.parts[i].AckTx(ctx, tx, lease) })
+}
+
+// AckStateTx is Transport.AckStateTx, with tx as AckTx says.
+func (c *Cluster) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease, state []byte) <-chan error {
+	i := c.cl.Of(lease)
+	return inTxErr(c, ctx, tx, i, core.CheckLease(lease), func(ctx context.Context) <-chan error {
+		return c.parts[i].AckStateTx(ctx, tx, lease, state)
+	})
+}
+
+// State is Transport.State on group's partition.
+func (c *Cluster) State(ctx context.Context, group string) <-chan Result[[]byte] {
+	return c.home(group).State(ctx, group)
+}
+
+// StateTx is Transport.StateTx; tx must be on group's partition's
+// database, else ErrInvalidConfig.
+func (c *Cluster) StateTx(ctx context.Context, tx pgx.Tx, group string) <-chan Result[[]byte] {
+	i := c.cl.Home(group)
+	return inTx(c, ctx, tx, i, "state", core.CheckGroup(group), func(ctx context.Context) <-chan Result[[]byte] {
+		return c.parts[i].StateTx(ctx, tx, group)
+	})
+}
+
+// Work is Transport.Work over every partition: one runtime per
+// partition, each fed by its partition's stream with its share of
+// cfg.Concurrency (sync.Cluster.Shares), all stopped when ctx ends. An
+// error of one stops the others and is returned.
+func (c *Cluster) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error {
+	cfg, err := worker.Check(cfg, h)
+	if err != nil {
+		return err
+	}
+	return c.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		return c.parts[i].Work(ctx, cfg, h)
+	})
+}
+
+// WorkTx is Transport.WorkTx over every partition, as Work.
+func (c *Cluster) WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error {
+	cfg, err := worker.CheckTx(cfg, h)
+	if err != nil {
+		return err
+	}
+	return c.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		return c.parts[i].WorkTx(ctx, cfg, h)
+	})
+}
+
+// ClusterStream is one stream of leases from every partition: a Stream on
+// each (with its share of MaxInFlight, at least one), merged into C.
+type ClusterStream struct {
+	streams []*Stream
+	out     chan *pgtransport.Lease
+	stop    chan struct{}
+	wg      stdsync.WaitGroup // the forwarders
+	aux     stdsync.WaitGroup // the goroutines that close ready and C
+	once    stdsync.Once
+	ready   chan struct{}
+}
+
+// Stream starts a stream on every partition, each with its share of
+// cfg.MaxInFlight (0: DefaultMaxInFlight), merged into one channel. Leases
+// are acked, nacked and failed through the Cluster, as a Stream's through
+// its Transport. A bad cfg is refused before any stream starts.
+func (c *Cluster) Stream(ctx context.Context, cfg StreamConfig) (*ClusterStream, error) {
+	if err := core.CheckClaim(cfg.WorkerID, cfg.Visibility, cfg.MinPriority); err != nil {
+		return nil, fmt.Errorf("stream: %w", err)
+	}
+	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > pgtransport.MaxBatch {
+		return nil, fmt.Errorf("stream: %w: MaxInFlight %d, want 0 to %d", pgtransport.ErrInvalidConfig, cfg.MaxInFlight, pgtransport.MaxBatch)
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	cs := &ClusterStream{out: make(chan *pgtransport.Lease), stop: make(chan struct{}), ready: make(chan struct{})}
+	for i, share := range c.cl.Shares(cfg.MaxInFlight) {
+		scfg := cfg
+		scfg.MaxInFlight = share
+		s, err := c.parts[i].Stream(ctx, scfg)
+		if err != nil {
+			cs.Close()
+			return nil, fmt.Errorf("partition %d: %w", i, err)
+		}
+		cs.streams = append(cs.streams, s)
+	}
+	c.mu.Lock()
+	c.streams[cs] = struct{}{}
+	c.mu.Unlock()
+	for i, s := range cs.streams {
+		cs.wg.Go(func() { cs.forward(c.parts[i], s, cfg.Visibility) })
+	}
+	cs.aux.Go(func() { // ends when every partition's stream is ready or stopped
+		for _, s := range cs.streams {
+			select {
+			case <-s.Ready():
+			case <-s.done:
+			}
+		}
+		close(cs.ready)
+	})
+	cs.aux.Go(func() { // closes C once every forwarder has ended
+		cs.wg.Wait()
+		close(cs.out)
+		c.mu.Lock()
+		delete(c.streams, cs)
+		c.mu.Unlock()
+	})
+	return cs, nil
+}
+
+// forward moves s's leases to C until s stops. A lease it holds when the
+// stream closes or s stops (ctx ended, the Cluster closed), or that no
+// receiver takes before half its visibility has passed since its claim
+// (the point where a Stream gives back a lease left in its C: a receiver
+// must get it with time to handle it), goes back to its partition, not
+// counted as an attempt.
+func (cs *ClusterStream) forward(t *Transport, s *Stream, visibility time.Duration) {
+	for l := range s.C() {
+		due := time.NewTimer(time.Until(l.Expiry.Add(-visibility / 2)))
+		select {
+		case cs.out <- l:
+			due.Stop()
+			continue
+		case <-cs.stop:
+		case <-s.done:
+		case <-due.C:
+		}
+		due.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = t.core.Release(ctx, l)
+		cancel()
+		t.forget(l)
+	}
+}
+
+// C delivers the leases; it is closed once every partition's stream has
+// stopped (Close, ctx ended, or the Cluster closed).
+func (cs *ClusterStream) C() <-chan *pgtransport.Lease { return cs.out }
+
+// Err is the first partition stream's error (see Stream.Err), nil if none.
+func (cs *ClusterStream) Err() error {
+	for _, s := range cs.streams {
+		if err := s.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ready is closed once every partition's stream is ready (Stream.Ready)
+// or has stopped.
+func (cs *ClusterStream) Ready() <-chan struct{} { return cs.ready }
+
+// Close stops every partition's stream (each gives back the leases it
+// holds that were not delivered) and waits for them.
+func (cs *ClusterStream) Close() {
+	cs.once.Do(func() { close(cs.stop) })
+	for _, s := range cs.streams {
+		s.Close()
+	}
+	cs.wait()
+}
+
+// wait waits for the stream's goroutines, which end once every
+// partition's stream has stopped.
+func (cs *ClusterStream) wait() {
+	cs.wg.Wait()
+	cs.aux.Wait()
+}

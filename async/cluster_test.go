@@ -1,0 +1,96 @@
+package async_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/matryer/is"
+
+	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/async"
+	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/pgtest"
+)
+
+// TestClusterContract runs the cluster cases against an async.Cluster over
+// four partitions.
+func TestClusterContract(t *testing.T) {
+	contract.RunCluster(t, func(t *testing.T, pools []*pgxpool.Pool, cfg pgtransport.Config) (contract.Closer, error) {
+		c, err := async.NewCluster(context.Background(), pools, cfg)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(c.Close)
+		return closing{blocking{c}}, nil
+	})
+}
+
+// TestOpenCluster opens an async.Cluster from its proxy's map.
+func TestOpenCluster(t *testing.T) {
+	contract.RunOpenCluster(t, func(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (contract.Closer, error) {
+		c, err := async.OpenCluster(ctx, proxyDSN, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return closing{blocking{c}}, nil
+	})
+}
+
+// TestClusterCloseEndsItsStreams: a ClusterStream whose receiver stopped
+// receiving holds leases (in its partitions' streams and its forwarders);
+// closing the Cluster ends it, closes C, and gives every undelivered lease
+// back, not counted as an attempt.
+func TestClusterCloseEndsItsStreams(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	c, err := async.NewCluster(ctx(t), p.Parts, pgtransport.Config{})
+	is.NoErr(err)
+	perPart := map[int]int{} // 4 groups on each partition: as many as its stream's share
+	for g := 0; len(perPart) < 4 || slices.Min(slices.Collect(maps.Values(perPart))) < 4; g++ {
+		name := fmt.Sprint("s", g)
+		if i := c.Home(name); perPart[i] < 4 {
+			perPart[i]++
+			is.NoErr((<-c.Publish(ctx(t), name, "e", 0)).Err)
+		}
+	}
+	s, err := c.Stream(ctx(t), async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: 16})
+	is.NoErr(err)
+	first := <-s.C() // received, not settled: held
+	is.True(first != nil)
+	for held := 0; held < 16; { // every other lease claimed, waiting for a receiver
+		time.Sleep(20 * time.Millisecond) // kept: the streams claim meanwhile
+		held = 0
+		for _, part := range p.Parts {
+			var n int
+			is.NoErr(part.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE locked_by IS NOT NULL`).Scan(&n))
+			held += n
+		}
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		c.Close()
+		for l := range s.C() { // closed by the Cluster's Close
+			t.Errorf("a lease delivered after Close: %s", l.Group)
+		}
+	}()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second): // the leases' give-back time is 30 s away: not that
+		t.Fatal("Close has not ended the stream 20 s on")
+	}
+	leased, attempted := 0, 0
+	for _, part := range p.Parts {
+		var l, a int
+		is.NoErr(part.QueryRow(ctx(t), `SELECT count(*) FILTER (WHERE locked_by IS NOT NULL AND lock_expiry > extract(epoch FROM clock_timestamp())), count(*) FILTER (WHERE attempts > 0) FROM transport_groups`).Scan(&l, &a))
+		leased, attempted = leased+l, attempted+a
+	}
+	is.Equal(leased, 1)    // only the received lease still holds its group
+	is.Equal(attempted, 1) // and only its hand-out counts
+}
