@@ -67,7 +67,7 @@ func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (
 // ClaimWait, a stream) ends with ErrClosed at once; then it waits for each
 // one's goroutines, for the forwarders of its ClusterStreams (which give
 // back the leases they hold), and for ClaimWait's waits still ending
-// (core.Cluster.Wait); then it closes the pools OpenCluster opened. Safe
+// (core.Cluster.Close); then it closes the pools OpenCluster opened. Safe
 // to call twice.
 func (c *Cluster) Close() {
 	var closing []*Transport
@@ -85,7 +85,7 @@ func (c *Cluster) Close() {
 	for _, cs := range streams {
 		cs.wait()
 	}
-	c.cl.Wait()
+	c.cl.Close()
 	if len(closing) > 0 {
 		for _, p := range c.owned {
 			p.Close()

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
@@ -360,4 +361,25 @@ func preload(ctx context.Context, db *pgtest.DB, n, groups int) error {
 func leftover(ctx context.Context, db *pgtest.DB) (messages, groups int, err error) {
 	err = db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&messages, &groups)
 	return
+}
+
+// emptyQueue empties the queue's tables in db before a run. A claim the
+// last run's end cancelled may still be running in its backend for a
+// moment (the cancel reaches the server after the client has moved on),
+// and a TRUNCATE's lock waits against it can be a deadlock the server
+// resolves by failing one of them: the TRUNCATE is tried again then.
+func emptyQueue(ctx context.Context, db *pgxpool.Pool) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if _, err = db.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); !isDeadlock(err) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond) // kept: the cancelled claims end meanwhile
+	}
+	return err
+}
+
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }

@@ -212,7 +212,7 @@ func (r *runner) sqlDrainOnce(ctx context.Context, q *sqlQueue, window time.Dura
 // order.
 func preloadParts(ctx context.Context, parts []*pgxpool.Pool, n, groups int) error {
 	for i, part := range parts {
-		if _, err := part.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
+		if err := emptyQueue(ctx, part); err != nil {
 			return err
 		}
 		if _, err := part.Exec(ctx, `

@@ -72,7 +72,7 @@ func (r *runner) drainRuns(ctx context.Context, suite, system string, w, g int) 
 // (0 where it cannot tell).
 func (r *runner) drainOnce(ctx context.Context, d drainer, db *pgtest.DB, workers, groups int) (rate, cpu float64, err error) {
 	n := max(r.s.backlog, 2*groups)
-	if _, err := db.Pool.Exec(ctx, `TRUNCATE transport_messages, transport_groups`); err != nil {
+	if err := emptyQueue(ctx, db.Pool); err != nil {
 		return 0, 0, err
 	}
 	if err := preload(ctx, db, n, groups); err != nil {

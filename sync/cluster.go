@@ -94,7 +94,7 @@ func (c *Cluster) Close() {
 	for _, t := range c.parts {
 		t.Close()
 	}
-	c.cl.Wait()
+	c.cl.Close()
 	for _, p := range c.owned {
 		p.Close()
 	}

@@ -33,8 +33,11 @@ const MaxPartitions = 1024
 // Part(Of(seq)); the rest are here.
 type Cluster struct {
 	parts []*Core
-	turn  atomic.Uint32     // the next claim's first partition
-	waits stdsync.WaitGroup // ClaimWait's waits on each partition
+	turn  atomic.Uint32 // the next claim's first partition
+
+	mu      stdsync.Mutex
+	closing bool              // set by Close: no more waits start
+	waits   stdsync.WaitGroup // ClaimWait's waits on each partition
 }
 
 // NewCluster returns the cluster of parts (parts[i] partition i), after
@@ -176,7 +179,7 @@ func (cl *Cluster) ClaimUpTo(ctx context.Context, workerID string, visibility ti
 // Core.ClaimWaitDetached) and returns the first lease as soon as it comes.
 // A lease another partition hands out after that, or after ctx ended, is
 // given back (not counted as an attempt) by the goroutine that got it,
-// which the Cluster owns until then (Wait): a partition that is slow to
+// which the Cluster owns until then (Close): a partition that is slow to
 // answer delays neither the lease nor the caller. A partition whose wait
 // fails is tried again after a pause (logged at Warn) while the others are
 // waited on, so one partition down holds up nothing the others have. It
@@ -206,34 +209,12 @@ func (cl *Cluster) ClaimWait(ctx context.Context, workerID string, visibility ti
 		return nil, first
 	}
 	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()        // the other waits end; the Cluster owns them until they have
 	var taken atomic.Bool // a lease is the caller's, or the caller has gone: any other goes back
 	results := make(chan waitResult, len(cl.parts))
-	for i, c := range cl.parts {
-		cl.waits.Go(func() {
-			pause := 50 * time.Millisecond
-			for {
-				l, err := c.ClaimWaitDetached(wctx, workerID, visibility, minPriority)
-				if l != nil && !taken.CompareAndSwap(false, true) {
-					c.giveBack(context.WithoutCancel(ctx), l)
-					l = nil
-				}
-				if l != nil || errors.Is(err, pgtransport.ErrClosed) || wctx.Err() != nil {
-					results <- waitResult{l, err}
-					return
-				}
-				c.Logger().Warn("pgtransport: a partition's claim failed; waiting on the others, trying it again",
-					"partition", i, "err", err, "retry_in", pause)
-				select {
-				case <-wctx.Done():
-					results <- waitResult{nil, wctx.Err()}
-					return
-				case <-time.After(pause):
-				}
-				pause = min(2*pause, 2*time.Second)
-			}
-		})
+	if !cl.startWaits(func(i int) { cl.wait(ctx, wctx, i, &taken, results, workerID, visibility, minPriority) }) {
+		return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
 	}
-	defer cancel() // the other waits end; the Cluster owns them until they have
 	closed := 0
 	for range cl.parts {
 		select {
@@ -256,6 +237,50 @@ func (cl *Cluster) ClaimWait(ctx context.Context, workerID string, visibility ti
 	return nil, fmt.Errorf("claim: %w", cmp.Or(ctx.Err(), context.Canceled))
 }
 
+// startWaits starts wait(i) for every partition, on goroutines the
+// Cluster owns (Close waits for them); false, starting none, once Close
+// has begun.
+func (cl *Cluster) startWaits(wait func(i int)) bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closing {
+		return false
+	}
+	for i := range cl.parts {
+		cl.waits.Go(func() { wait(i) })
+	}
+	return true
+}
+
+// wait is ClaimWait's wait on partition i, until it has a lease (the
+// caller's, unless taken says another won or the caller has gone: then it
+// gives it back), the partition's Core is closed, or wctx ends. A failed
+// claim is tried again after a pause, logged.
+func (cl *Cluster) wait(ctx, wctx context.Context, i int, taken *atomic.Bool, results chan<- waitResult, workerID string, visibility time.Duration, minPriority int) {
+	c := cl.parts[i]
+	pause := 50 * time.Millisecond
+	for {
+		l, err := c.ClaimWaitDetached(wctx, workerID, visibility, minPriority)
+		if l != nil && !taken.CompareAndSwap(false, true) {
+			c.giveBack(context.WithoutCancel(ctx), l)
+			l = nil
+		}
+		if l != nil || errors.Is(err, pgtransport.ErrClosed) || wctx.Err() != nil {
+			results <- waitResult{l, err}
+			return
+		}
+		c.Logger().Warn("pgtransport: a partition's claim failed; waiting on the others, trying it again",
+			"partition", i, "err", err, "retry_in", pause)
+		select {
+		case <-wctx.Done():
+			results <- waitResult{nil, wctx.Err()}
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+}
+
 // waitResult is what one partition's wait in ClaimWait came to.
 type waitResult struct {
 	l   *pgtransport.Lease
@@ -274,11 +299,18 @@ func (cl *Cluster) lateLease(ctx context.Context, results <-chan waitResult) (*p
 	return nil, fmt.Errorf("claim: %w", ctx.Err())
 }
 
-// Wait waits for the goroutines ClaimWait left behind (waits that were
-// ending as it returned) to end: after Close of every partition, at most
-// a claim's time out (30 s) and a give-back's (5 s) against a partition
-// that does not answer, usually at once.
-func (cl *Cluster) Wait() { cl.waits.Wait() }
+// Close stops ClaimWait from starting waits (it returns ErrClosed) and
+// waits for the goroutines of those it left behind (waits that were
+// ending as it returned) to end: once every partition's Core is closed, at
+// most a claim's time out (30 s) and a give-back's (5 s) against a
+// partition that does not answer, usually at once. The front-ends call it
+// after closing the partitions.
+func (cl *Cluster) Close() {
+	cl.mu.Lock()
+	cl.closing = true
+	cl.mu.Unlock()
+	cl.waits.Wait()
+}
 
 // each runs f for every partition in parts at once and waits for them.
 func each(parts []int, f func(i int)) {
