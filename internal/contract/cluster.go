@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	stdsync "sync"
@@ -61,6 +60,37 @@ func (e *clusterEnv) countOn(i int, query string, args ...any) int {
 	return n
 }
 
+// cancelWhenDrained cancels a runtime's ctx once done is closed (every
+// message handled) and no message is left on any partition (every ack
+// committed), or ctx ends; the function it returns waits for that.
+func (e *clusterEnv) cancelWhenDrained(ctx context.Context, cancel context.CancelFunc, done <-chan struct{}) (wait func()) {
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		defer cancel()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
+		for ctx.Err() == nil {
+			left := 0
+			for _, part := range e.p.Parts {
+				var n int
+				if err := part.QueryRow(ctx, `SELECT count(*) FROM transport_messages`).Scan(&n); err != nil {
+					n = 1 // ask again
+				}
+				left += n
+			}
+			if left == 0 {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // kept: the last acks commit meanwhile
+		}
+	}()
+	return func() { <-stopped }
+}
+
 // groupsOn returns a group name for each partition (groupsOn(k)[i] lives
 // on partition i), k per partition.
 func (e *clusterEnv) groupsOn(k int) [][]string {
@@ -87,7 +117,7 @@ func RunCluster(t *testing.T, open OpenCluster) {
 			is := is.New(t)
 			p := pgtest.Partitions(t, clusterParts)
 			clock := NewClock()
-			cfg := pgtransport.Config{Clock: clock.Now, MaxAttempts: 2, Logger: slog.New(slog.DiscardHandler)}
+			cfg := pgtransport.Config{Clock: clock.Now, MaxAttempts: 2}
 			e := &clusterEnv{env: env{t: t, clock: clock}, p: p}
 			e.openPools = func(pools []*pgxpool.Pool) (Closer, error) { return open(t, pools, cfg) }
 			tr, err := e.openPools(p.Parts)
@@ -420,8 +450,8 @@ var clusterCases = []clusterCase{
 			done    = make(chan struct{})
 		)
 		ctx, cancel := context.WithCancel(e.ctx())
-		defer cancel()
-		go func() { <-done; cancel() }()
+		defer e.cancelWhenDrained(ctx, cancel, done)()
+		defer cancel() // first: the wait above ends with it
 		err := w.Work(ctx, pgtransport.WorkerConfig{Concurrency: 6, Visibility: time.Minute}, func(ctx context.Context, l *pgtransport.Lease) error {
 			mu.Lock()
 			if holding[l.Group] {
@@ -432,14 +462,13 @@ var clusterCases = []clusterCase{
 			}
 			holding[l.Group] = true
 			next[l.Group]++
-			parts[int(l.Seq&1023)]++
+			if parts[int(l.Seq&1023)]++; sum(parts) == groups*per { // once: the count only grows
+				close(done)
+			}
 			mu.Unlock()
 			time.Sleep(time.Millisecond)
 			mu.Lock()
 			holding[l.Group] = false
-			if sum(parts) == groups*per {
-				close(done)
-			}
 			mu.Unlock()
 			return nil
 		})
@@ -464,7 +493,9 @@ var clusterCases = []clusterCase{
 			bad     []string
 		)
 		ctx, cancel := context.WithCancel(e.ctx())
-		defer cancel()
+		done := make(chan struct{})
+		defer e.cancelWhenDrained(ctx, cancel, done)()
+		defer cancel() // first: the wait above ends with it
 		err := x.WorkTx(ctx, pgtransport.WorkerConfig{Concurrency: 4, Visibility: time.Minute}, func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
 			var part int
 			if err := tx.QueryRow(ctx, `SELECT part FROM transport_partition`).Scan(&part); err != nil {
@@ -479,7 +510,7 @@ var clusterCases = []clusterCase{
 			}
 			mu.Unlock()
 			if handled.add() == 3*clusterParts {
-				cancel()
+				close(done)
 			}
 			return append(state, l.Event...), nil
 		})
