@@ -31,7 +31,9 @@ type Cluster struct {
 	owned []*pgxpool.Pool // closed by Close; set by OpenCluster
 
 	mu      stdsync.Mutex
+	closed  bool                        // set as Close begins: no stream starts after
 	streams map[*ClusterStream]struct{} // open, for Close to wait for
+	once    stdsync.Once                // Close's body: a second call waits for the first
 }
 
 // NewCluster returns a Cluster on pools, pools[i] on partition i's
@@ -68,29 +70,32 @@ func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (
 // one's goroutines, for the forwarders of its ClusterStreams (which give
 // back the leases they hold), and for ClaimWait's waits still ending
 // (core.Cluster.Close); then it closes the pools OpenCluster opened. Safe
-// to call twice.
+// to call twice, and at once: a second call returns when the first has.
 func (c *Cluster) Close() {
-	var closing []*Transport
-	for _, t := range c.parts {
-		if t.beginClose() {
-			closing = append(closing, t)
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		var closing []*Transport
+		for _, t := range c.parts {
+			if t.beginClose() {
+				closing = append(closing, t)
+			}
 		}
-	}
-	for _, t := range closing {
-		t.finishClose()
-	}
-	c.mu.Lock()
-	streams := slices.Collect(maps.Keys(c.streams))
-	c.mu.Unlock()
-	for _, cs := range streams {
-		cs.wait()
-	}
-	c.cl.Close()
-	if len(closing) > 0 {
+		for _, t := range closing {
+			t.finishClose()
+		}
+		c.mu.Lock()
+		streams := slices.Collect(maps.Keys(c.streams))
+		c.mu.Unlock()
+		for _, cs := range streams {
+			cs.wait()
+		}
+		c.cl.Close()
 		for _, p := range c.owned {
 			p.Close()
 		}
-	}
+	})
 }
 
 // Partitions is the number of partitions.
@@ -377,8 +382,12 @@ func (c *Cluster) Stream(ctx context.Context, cfg StreamConfig) (*ClusterStream,
 		cs.streams = append(cs.streams, s)
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock() // Close waits for the stream's goroutines: they start under the lock or not at all
+	if c.closed {
+		cs.Close()
+		return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed)
+	}
 	c.streams[cs] = struct{}{}
-	c.mu.Unlock()
 	for i, s := range cs.streams {
 		cs.wg.Go(func() { cs.forward(c.parts[i], s, cfg.Visibility) })
 	}

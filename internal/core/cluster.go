@@ -262,8 +262,9 @@ func (cl *Cluster) wait(ctx, wctx context.Context, i int, taken *atomic.Bool, re
 	for {
 		l, err := c.ClaimWaitDetached(wctx, workerID, visibility, minPriority)
 		if l != nil && !taken.CompareAndSwap(false, true) {
-			c.giveBack(context.WithoutCancel(ctx), l)
-			l = nil
+			c.giveBack(context.WithoutCancel(ctx), l) // another partition's lease won
+			results <- waitResult{}
+			return
 		}
 		if l != nil || errors.Is(err, pgtransport.ErrClosed) || wctx.Err() != nil {
 			results <- waitResult{l, err}

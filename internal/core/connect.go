@@ -173,8 +173,8 @@ func ConnectCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config
 // pcfg is: with its role, as PL/Proxy appends user= to the string (before
 // the string is read, so a password file is looked up for that role), its
 // password unless the string or the password file gives one, its session
-// settings where the string sets none, and its pool size. TLS is the
-// string's to set, as for PL/Proxy.
+// settings where the string sets none, its query exec mode and statement
+// caches, and its pool size. TLS is the string's to set, as for PL/Proxy.
 func partitionConfig(dsn string, pcfg *pgxpool.Config) (*pgxpool.Config, error) {
 	uri := strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 	if !uri {
@@ -195,6 +195,13 @@ func partitionConfig(dsn string, pcfg *pgxpool.Config) (*pgxpool.Config, error) 
 		}
 	}
 	c.MaxConns, c.MinConns = pcfg.MaxConns, pcfg.MinConns
+	// pgx reads these out of the settings into fields (libpq, and so a
+	// PL/Proxy connection string, has no such keywords): a proxy DSN's
+	// default_query_exec_mode=exec, for partitions behind a transaction
+	// pooler, reaches them here.
+	c.ConnConfig.DefaultQueryExecMode = pcfg.ConnConfig.DefaultQueryExecMode
+	c.ConnConfig.StatementCacheCapacity = pcfg.ConnConfig.StatementCacheCapacity
+	c.ConnConfig.DescriptionCacheCapacity = pcfg.ConnConfig.DescriptionCacheCapacity
 	return c, nil
 }
 
