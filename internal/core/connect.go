@@ -224,7 +224,15 @@ func readMap(ctx context.Context, pcfg *pgxpool.Config, cfg pgtransport.Config) 
 	err = proxy.QueryRow(ctx, strings.ReplaceAll(mapSQL, "{s}", prefix)).Scan(&n, &dsns)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && (pgErr.Code == "22023" || pgErr.Code == "42883") {
 		if pgErr.Code == "42883" {
-			return nil, fmt.Errorf("%w: no proxy schema there (schema.ApplyProxy, or pgtransport migrate apply --proxy): %s", pgtransport.ErrInvalidConfig, pgErr.Message)
+			where := "the connection's current schema (Config.Schema is empty)"
+			if cfg.Schema != "" {
+				where = fmt.Sprintf("schema %q (Config.Schema)", cfg.Schema)
+			}
+			return nil, fmt.Errorf("%w: no proxy in %s: set Config.Schema to the schema the proxy was set up in (schema.ApplyProxy, pgtransport migrate apply --proxy --schema): %s",
+				pgtransport.ErrInvalidConfig, where, pgErr.Message)
+		}
+		if pgErr.Hint != "" {
+			return nil, fmt.Errorf("%w: %s (%s)", pgtransport.ErrInvalidConfig, pgErr.Message, pgErr.Hint)
 		}
 		return nil, fmt.Errorf("%w: %s", pgtransport.ErrInvalidConfig, pgErr.Message)
 	}
