@@ -24,6 +24,7 @@ import (
 func TestMain(m *testing.M) {
 	pgtest.MainNoLeaks(m,
 		"github.com/pgtransport/pgtransport/async",
+		"github.com/pgtransport/pgtransport/internal/core", // a Cluster's ClaimWait waits
 		"github.com/pgtransport/pgtransport/notify",
 		"github.com/jackc/pgxlisten")
 }

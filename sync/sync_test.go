@@ -23,7 +23,9 @@ import (
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain checks, after the tests, that no goroutine of the core is left:
+// a Cluster's ClaimWait waits end by its Close.
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core") }
 
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
 	t.Helper()
