@@ -25,7 +25,9 @@ import (
 
 // TestMain checks, after the tests, that no goroutine of the core is left:
 // a Cluster's ClaimWait waits end by its Close.
-func TestMain(m *testing.M) { pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core") }
+func TestMain(m *testing.M) {
+	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core")
+}
 
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
 	t.Helper()
