@@ -149,6 +149,14 @@ var (
 	// ErrStateTooLarge: a group state longer than MaxStateSize (AckStateTx,
 	// a TxHandler's result). Nothing was written.
 	ErrStateTooLarge = errors.New("pgtransport: state too large")
+	// ErrGroupMoved: a publish of a group in a partition that is no
+	// longer its home (the cluster grew, and the group has nothing left
+	// in its old partition: docs/protocol.md, "Growing the cluster").
+	// Nothing was written. A Cluster opened before the growth gets it;
+	// reopen it (OpenCluster reads the grown map). A PublishTx gets it
+	// if its group left the partition between Cluster.Locate and the
+	// insert: roll back and retry.
+	ErrGroupMoved = errors.New("pgtransport: group moved to another partition")
 )
 
 // Lease is one claimed message: the head of Group, held by Token until it is

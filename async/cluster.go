@@ -101,14 +101,72 @@ func (c *Cluster) Close() {
 // Partitions is the number of partitions.
 func (c *Cluster) Partitions() int { return c.cl.N() }
 
-// Home is the partition group lives on.
+// Home is the partition group lives on: Hashtext(group) & (N-1), as the
+// proxy routes it. While the cluster grows, a group may still live in its
+// old home: Locate.
 func (c *Cluster) Home(group string) int { return c.cl.Home(group) }
+
+// Locate is sync.Cluster.Locate: the partition that holds group now.
+func (c *Cluster) Locate(ctx context.Context, group string) <-chan Result[int] {
+	return spanning(c, ctx, func(ctx context.Context) (int, error) { return c.cl.Locate(ctx, group) })
+}
 
 // Part is partition i's own Transport.
 func (c *Cluster) Part(i int) *Transport { return c.parts[i] }
 
-func (c *Cluster) home(group string) *Transport       { return c.parts[c.cl.Home(group)] }
 func (c *Cluster) of(l *pgtransport.Lease) *Transport { return c.parts[c.cl.Of(l)] }
+
+// onGroup is f on the Transport of the partition that holds group now:
+// at once on its Home, or for a moving group while the cluster grows,
+// once Locate has found it, spanning (on partition 0's Transport).
+func onGroup[T any](c *Cluster, ctx context.Context, group string, f func(*Transport) <-chan Result[T]) <-chan Result[T] {
+	if !c.cl.Moves(group) {
+		return f(c.parts[c.cl.Home(group)])
+	}
+	return spanning(c, ctx, func(ctx context.Context) (T, error) {
+		i, err := c.cl.Locate(ctx, group)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		r := <-f(c.parts[i])
+		return r.Value, r.Err
+	})
+}
+
+// onGroupErr is onGroup for a call that returns only an error.
+func onGroupErr(c *Cluster, ctx context.Context, group string, f func(*Transport) <-chan error) <-chan error {
+	if !c.cl.Moves(group) {
+		return f(c.parts[c.cl.Home(group)])
+	}
+	return callErr(c.parts[0], ctx, func(ctx context.Context) error {
+		i, err := c.cl.Locate(ctx, group)
+		if err != nil {
+			return err
+		}
+		return <-f(c.parts[i])
+	})
+}
+
+// inTxAt is inTx on the partition where (a check of tx against group,
+// after pre, the call's argument check) says: at once on group's Home for
+// a group that does not move, else once where has answered, spanning.
+func inTxAt[T any](c *Cluster, ctx context.Context, tx pgx.Tx, group, op string, pre error,
+	where func(ctx context.Context) (int, error), f func(ctx context.Context, i int) <-chan Result[T]) <-chan Result[T] {
+	if pre != nil || !c.cl.Moves(group) {
+		i := c.cl.Home(group)
+		return inTx(c, ctx, tx, i, op, pre, func(ctx context.Context) <-chan Result[T] { return f(ctx, i) })
+	}
+	return spanning(c, ctx, func(ctx context.Context) (T, error) {
+		i, err := where(ctx)
+		if err != nil {
+			var zero T
+			return zero, fmt.Errorf("%s: %w", op, err)
+		}
+		r := <-f(ctx, i)
+		return r.Value, r.Err
+	})
+}
 
 // spanning runs f, a call over several partitions, on a goroutine of
 // partition 0's Transport: Close waits for it (partition 0 closes first,
@@ -141,30 +199,40 @@ func inTxErr(c *Cluster, ctx context.Context, tx pgx.Tx, i int, pre error, f fun
 	})
 }
 
-// Publish is Transport.Publish on group's partition.
+// Publish is Transport.Publish on group's partition (while the cluster
+// grows, as PublishMany places it).
 func (c *Cluster) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
-	return c.home(group).Publish(ctx, group, event, priority)
+	return c.PublishMessage(ctx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
-// PublishMessage is Transport.PublishMessage on the group's partition.
+// PublishMessage is Transport.PublishMessage on the group's partition
+// (while the cluster grows, as PublishMany places it).
 func (c *Cluster) PublishMessage(ctx context.Context, msg pgtransport.Message) <-chan Result[int64] {
-	return c.home(msg.Group).PublishMessage(ctx, msg)
+	if !c.cl.Moves(msg.Group) {
+		return c.parts[c.cl.Home(msg.Group)].PublishMessage(ctx, msg)
+	}
+	return spanning(c, ctx, func(ctx context.Context) (int64, error) {
+		seqs, err := c.cl.PublishMany(ctx, []pgtransport.Message{msg})
+		if err != nil {
+			return 0, err
+		}
+		return seqs[0], nil
+	})
 }
 
-// PublishTx is Transport.PublishTx; tx must be on group's partition's
-// database (Home), else ErrInvalidConfig and nothing is written.
+// PublishTx is sync.Cluster.PublishTx: tx must be on the database of the
+// partition that holds group (Locate), else ErrInvalidConfig and nothing
+// is written (while the cluster grows, a moving group's old partition's
+// fence decides: ErrGroupMoved).
 func (c *Cluster) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan Result[int64] {
-	i := c.cl.Home(group)
-	pre := c.cl.Part(i).CheckMessage(pgtransport.Message{Group: group, Event: event, Priority: priority})
-	return inTx(c, ctx, tx, i, "publish", pre, func(ctx context.Context) <-chan Result[int64] {
-		return c.parts[i].PublishTx(ctx, tx, group, event, priority)
-	})
+	return c.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
 // PublishMessageTx is Transport.PublishMessageTx, with tx as PublishTx says.
 func (c *Cluster) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) <-chan Result[int64] {
-	i := c.cl.Home(msg.Group)
-	return inTx(c, ctx, tx, i, "publish", c.cl.Part(i).CheckMessage(msg), func(ctx context.Context) <-chan Result[int64] {
+	pre := c.cl.Part(0).CheckMessage(msg)
+	where := func(ctx context.Context) (int, error) { return c.cl.CheckPublishTx(ctx, tx, msg.Group, nil) }
+	return inTxAt(c, ctx, tx, msg.Group, "publish", pre, where, func(ctx context.Context, i int) <-chan Result[int64] {
 		return c.parts[i].PublishMessageTx(ctx, tx, msg)
 	})
 }
@@ -250,9 +318,9 @@ func (c *Cluster) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetter
 	return spanning(c, ctx, func(ctx context.Context) (int64, error) { return c.cl.PurgeDeadLetters(ctx, f) })
 }
 
-// RestartGroup is Transport.RestartGroup on group's partition.
+// RestartGroup is Transport.RestartGroup on the partition that holds group (Locate).
 func (c *Cluster) RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error {
-	return c.home(group).RestartGroup(ctx, group, skipHead)
+	return onGroupErr(c, ctx, group, func(t *Transport) <-chan error { return t.RestartGroup(ctx, group, skipHead) })
 }
 
 // Stats is sync.Cluster.Stats: added up over the partitions.
@@ -265,29 +333,29 @@ func (c *Cluster) Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan R
 	return spanning(c, ctx, func(ctx context.Context) ([]pgtransport.GroupInfo, error) { return c.cl.Groups(ctx, q) })
 }
 
-// Group is Transport.Group on group's partition.
+// Group is Transport.Group on the partition that holds group (Locate).
 func (c *Cluster) Group(ctx context.Context, group string) <-chan Result[pgtransport.GroupInfo] {
-	return c.home(group).Group(ctx, group)
+	return onGroup(c, ctx, group, func(t *Transport) <-chan Result[pgtransport.GroupInfo] { return t.Group(ctx, group) })
 }
 
-// Peek is Transport.Peek on group's partition.
+// Peek is Transport.Peek on the partition that holds group (Locate).
 func (c *Cluster) Peek(ctx context.Context, group string, n int) <-chan Result[[]pgtransport.PeekedMessage] {
-	return c.home(group).Peek(ctx, group, n)
+	return onGroup(c, ctx, group, func(t *Transport) <-chan Result[[]pgtransport.PeekedMessage] { return t.Peek(ctx, group, n) })
 }
 
-// PauseGroup is Transport.PauseGroup on group's partition.
+// PauseGroup is Transport.PauseGroup on the partition that holds group (Locate).
 func (c *Cluster) PauseGroup(ctx context.Context, group string) <-chan error {
-	return c.home(group).PauseGroup(ctx, group)
+	return onGroupErr(c, ctx, group, func(t *Transport) <-chan error { return t.PauseGroup(ctx, group) })
 }
 
-// ResumeGroup is Transport.ResumeGroup on group's partition.
+// ResumeGroup is Transport.ResumeGroup on the partition that holds group (Locate).
 func (c *Cluster) ResumeGroup(ctx context.Context, group string) <-chan error {
-	return c.home(group).ResumeGroup(ctx, group)
+	return onGroupErr(c, ctx, group, func(t *Transport) <-chan error { return t.ResumeGroup(ctx, group) })
 }
 
-// PurgeGroup is Transport.PurgeGroup on group's partition.
+// PurgeGroup is Transport.PurgeGroup on the partition that holds group (Locate).
 func (c *Cluster) PurgeGroup(ctx context.Context, group string, limit int) <-chan Result[int64] {
-	return c.home(group).PurgeGroup(ctx, group, limit)
+	return onGroup(c, ctx, group, func(t *Transport) <-chan Result[int64] { return t.PurgeGroup(ctx, group, limit) })
 }
 
 // AckTx is Transport.AckTx; tx must be on the lease's partition's
@@ -305,16 +373,22 @@ func (c *Cluster) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.
 	})
 }
 
-// State is Transport.State on group's partition.
+// State is Transport.State on the partition that holds group (Locate).
 func (c *Cluster) State(ctx context.Context, group string) <-chan Result[[]byte] {
-	return c.home(group).State(ctx, group)
+	return onGroup(c, ctx, group, func(t *Transport) <-chan Result[[]byte] { return t.State(ctx, group) })
 }
 
-// StateTx is Transport.StateTx; tx must be on group's partition's
-// database, else ErrInvalidConfig.
+// StateTx is Transport.StateTx; tx must be on the database of the
+// partition that holds group (Locate), else ErrInvalidConfig.
 func (c *Cluster) StateTx(ctx context.Context, tx pgx.Tx, group string) <-chan Result[[]byte] {
-	i := c.cl.Home(group)
-	return inTx(c, ctx, tx, i, "state", core.CheckGroup(group), func(ctx context.Context) <-chan Result[[]byte] {
+	where := func(ctx context.Context) (int, error) {
+		i, err := c.cl.Locate(ctx, group)
+		if err != nil {
+			return 0, err
+		}
+		return i, c.cl.CheckTx(ctx, tx, i, nil)
+	}
+	return inTxAt(c, ctx, tx, group, "state", core.CheckGroup(group), where, func(ctx context.Context, i int) <-chan Result[[]byte] {
 		return c.parts[i].StateTx(ctx, tx, group)
 	})
 }

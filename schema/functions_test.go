@@ -23,7 +23,7 @@ var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_g
 // harel_hold_group in functions.sql): they run once per row, read no table
 // and evaluate one plain expression, so the planner settings could change
 // nothing there and would cost their setting and resetting on every row.
-var lockOnly = []string{"harel_hold_group"}
+var lockOnly = []string{"harel_hold_group", "harel_home"}
 
 // TestPinnedSettings checks functions.sql's invariant from the catalog:
 // every function but the inlined helpers and lockOnly pins search_path (the

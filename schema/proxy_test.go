@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -509,6 +510,15 @@ func TestApplyProxyRefuses(t *testing.T) {
 		} {
 			_, err = p.Proxy.Exec(ctx(t), q)
 			is.Equal(sqlstate(err), "22023") // refused
+		}
+		if strings.Contains(change, "parts = 8") {
+			// Another count is not checked again: that is a growth
+			// (harel_px_grow), which moves groups with a fence.
+			err = schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)
+			is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
+			is.True(strings.Contains(err.Error(), "harel_px_grow") || strings.Contains(err.Error(), "checked with 8"))
+			_, err = p.Proxy.Exec(ctx(t), `UPDATE transport_proxy_parts SET parts = 4`)
+			is.NoErr(err)
 		}
 		is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema)) // checked again: the cluster's own
 	}

@@ -320,6 +320,70 @@ func ApplyProxy(ctx context.Context, db Beginner, name string) error {
 	})
 }
 
+// ErrNotGrown is Grown's refusal while a growing cluster's partitions
+// still hold something of groups whose home is another partition: rows
+// that drain as their messages are handled, kept states and dedup keys
+// that expire, dead letters that wait for a redrive (which drains them in
+// place) or a purge. The error says how many of each, per partition.
+var ErrNotGrown = errors.New("schema: moving groups remain in their old partitions")
+
+// Grow grows the queue behind the proxy database db (the schema named
+// name; empty: the current one) from the N partitions its proxy was
+// checked with to 2N (docs/protocol.md, "Growing the cluster"). partitions
+// are the N new partitions' connection strings, as cluster pgtransport
+// lists the others (PL/Proxy's libpq syntax); each must hold the queue at
+// Version (Apply), numbered N + k (Partition), and be empty. In one
+// transaction under the apply lock it adds them to the cluster (ALTER
+// SERVER: needs the server's owner) and calls harel_px_grow, which checks
+// every partition, arms each (its fence: harel_grow, needs the schema's
+// owner there, committed on each partition on its own) and records 2N and
+// the count it grew from. With no partitions it only calls harel_px_grow:
+// for a cluster altered by hand in the same transaction, or to finish a
+// Grow that armed the partitions but failed to commit. It returns 2N.
+// What would route wrongly is ErrInvalidConfig, with the proxy's reason.
+// Clients opened before keep working but are refused (ErrGroupMoved) a
+// publish of a moving group that has left its old partition: reopen them.
+func Grow(ctx context.Context, db Beginner, name string, partitions []string) (int, error) {
+	var n int
+	err := inSchema(ctx, db, name, func(tx pgx.Tx) error {
+		if len(partitions) > 0 {
+			var alter string
+			if err := tx.QueryRow(ctx, `
+				SELECT COALESCE('ALTER SERVER pgtransport OPTIONS ('
+				       || string_agg(format('ADD p%s %L', p.parts + t.i - 1, t.c), ', ' ORDER BY t.i) || ')', '')
+				  FROM transport_proxy_parts AS p, unnest($1::TEXT[]) WITH ORDINALITY AS t(c, i)`, partitions).Scan(&alter); err != nil {
+				return fmt.Errorf("schema: grow: %w", err)
+			}
+			if alter == "" {
+				return fmt.Errorf("schema: %w: the proxy has not been checked against cluster pgtransport (ApplyProxy)", pgtransport.ErrInvalidConfig)
+			}
+			if _, err := tx.Exec(ctx, alter); err != nil {
+				return fmt.Errorf("schema: grow: add the partitions: %w", err)
+			}
+		}
+		return refused(tx.QueryRow(ctx, `SELECT harel_px_grow($1)`, Version()).Scan(&n), "grow the cluster")
+	})
+	return n, err
+}
+
+// Grown ends the growth of the queue behind the proxy database db (Grow):
+// ErrNotGrown, changing nothing, while any partition holds something of a
+// group whose home is another; else every partition and the proxy forget
+// the count it grew from, the proxy routes each group straight to its
+// home, and Clusters opened from then on do too. It returns the partition
+// count; with no growth under way it changes nothing.
+func Grown(ctx context.Context, db Beginner, name string) (int, error) {
+	var n int
+	err := inSchema(ctx, db, name, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `SELECT harel_px_grown()`).Scan(&n)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "55000" {
+			return fmt.Errorf("%w: %s", ErrNotGrown, pgErr.Message)
+		}
+		return refused(err, "end the growth")
+	})
+	return n, err
+}
+
 // ProxyGrants returns the statements that let role work a queue through
 // the proxy in schema (empty: public) of a proxy database: call its
 // functions, make the design's two-INSERT publish (whose rows it writes

@@ -36,10 +36,19 @@ import (
 //     of cfg.Concurrency (Shares).
 //   - PublishTx, PublishMessageTx, AckTx, AckStateTx and StateTx run in
 //     the caller's transaction, which must be on the database of the
-//     group's partition (Home; Part(i) is that partition's Transport):
+//     group's partition (Locate; Part(i) is that partition's Transport):
 //     atomic with the caller's writes there only. Another database's
 //     transaction is refused (ErrInvalidConfig) before anything is
 //     written.
+//   - While the cluster grows from N/2 partitions to N (docs/protocol.md,
+//     "Growing the cluster"; the partitions record it, NewCluster reads
+//     it), a group whose home changed lives in its old partition until it
+//     has nothing there: its calls locate it first (one round-trip to the
+//     old partition) and its publishes try the old partition first, which
+//     publishes them if the group is still there and hands them back
+//     otherwise. A Cluster opened before the growth keeps working on its
+//     partitions, but a publish of a group that has left is refused with
+//     ErrGroupMoved: reopen it.
 //
 // It is safe for concurrent use.
 type Cluster struct {
@@ -54,8 +63,9 @@ type Cluster struct {
 // order. It opens a Transport on each (New, so the schema is brought up
 // to date unless cfg.SkipApply) and checks that each database is the
 // partition its place names (schema.Partition numbered it so) and hashes
-// groups as the proxy does; a pool in the wrong place, or a partition not
-// numbered, is ErrInvalidConfig. The caller owns the pools.
+// groups as the proxy does; a pool in the wrong place, a partition not
+// numbered, or a grown cluster given without its new partitions, is
+// ErrInvalidConfig. The caller owns the pools.
 func NewCluster(ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config) (*Cluster, error) {
 	parts, cl, err := core.OpenCluster(ctx, pools, cfg,
 		func(p *pgxpool.Pool) (*Transport, error) { return New(ctx, p, cfg) },
@@ -111,9 +121,22 @@ func (c *Cluster) check(op string) error {
 // Partitions is the number of partitions.
 func (c *Cluster) Partitions() int { return c.cl.N() }
 
-// Home is the partition group lives on: hashtext(group) & (N-1), as the
-// proxy routes it.
+// Home is the partition group lives on: Hashtext(group) & (N-1), as the
+// proxy routes it. While the cluster grows, a group may still live in its
+// old home: Locate.
 func (c *Cluster) Home(group string) int { return c.cl.Home(group) }
+
+// Locate is the partition that holds group now: its Home, but while the
+// cluster grows (docs/protocol.md, "Growing the cluster") a group whose
+// home changed stays in its old partition as long as it has anything
+// there, and Locate asks that partition. Open a PublishTx's or StateTx's
+// transaction on Part(Locate(group)).
+func (c *Cluster) Locate(ctx context.Context, group string) (int, error) {
+	if err := c.check("locate"); err != nil {
+		return 0, err
+	}
+	return c.cl.Locate(ctx, group)
+}
 
 // Part is partition i's own Transport.
 func (c *Cluster) Part(i int) *Transport { return c.parts[i] }
@@ -122,31 +145,55 @@ func (c *Cluster) Part(i int) *Transport { return c.parts[i] }
 // partitions: an equal share each, at least one.
 func (c *Cluster) Shares(concurrency int) []int { return c.cl.Shares(concurrency) }
 
-func (c *Cluster) home(group string) *Transport       { return c.parts[c.cl.Home(group)] }
 func (c *Cluster) of(l *pgtransport.Lease) *Transport { return c.parts[c.cl.Of(l)] }
 
-// Publish is Transport.Publish on group's partition.
+// onGroup is f on the Transport of the partition that holds group now
+// (Locate; Home but for a moving group while the cluster grows).
+func onGroup[T any](c *Cluster, ctx context.Context, group string, f func(*Transport) (T, error)) (T, error) {
+	if !c.cl.Moves(group) {
+		return f(c.parts[c.cl.Home(group)])
+	}
+	i, err := c.Locate(ctx, group)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return f(c.parts[i])
+}
+
+// onGroupErr is onGroup for a call that returns only an error.
+func onGroupErr(c *Cluster, ctx context.Context, group string, f func(*Transport) error) error {
+	_, err := onGroup(c, ctx, group, func(t *Transport) (struct{}, error) { return struct{}{}, f(t) })
+	return err
+}
+
+// Publish is Transport.Publish on group's partition (while the cluster
+// grows, as PublishMany places it).
 func (c *Cluster) Publish(ctx context.Context, group, event string, priority int) (int64, error) {
-	return c.home(group).Publish(ctx, group, event, priority)
+	return c.PublishMessage(ctx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
-// PublishMessage is Transport.PublishMessage on the group's partition.
+// PublishMessage is Transport.PublishMessage on the group's partition
+// (while the cluster grows, as PublishMany places it).
 func (c *Cluster) PublishMessage(ctx context.Context, msg pgtransport.Message) (int64, error) {
-	return c.home(msg.Group).PublishMessage(ctx, msg)
-}
-
-// PublishTx is Transport.PublishTx; tx must be on group's partition's
-// database (Home), else ErrInvalidConfig and nothing is written.
-func (c *Cluster) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
-	if err := c.check("publish"); err != nil {
+	if !c.cl.Moves(msg.Group) {
+		return c.parts[c.cl.Home(msg.Group)].PublishMessage(ctx, msg)
+	}
+	seqs, err := c.PublishMany(ctx, []pgtransport.Message{msg})
+	if err != nil {
 		return 0, err
 	}
-	i := c.cl.Home(group)
-	pre := c.cl.Part(i).CheckMessage(pgtransport.Message{Group: group, Event: event, Priority: priority})
-	if err := c.cl.CheckTx(ctx, tx, i, pre); err != nil {
-		return 0, fmt.Errorf("publish: %w", err)
-	}
-	return c.parts[i].PublishTx(ctx, tx, group, event, priority)
+	return seqs[0], nil
+}
+
+// PublishTx is Transport.PublishTx; tx must be on the database of the
+// partition that holds group (Locate), else ErrInvalidConfig and nothing
+// is written. While the cluster grows, a moving group's old partition
+// takes the transaction as it is, and its fence refuses the message with
+// ErrGroupMoved if the group has left (roll back, and retry where Locate
+// says).
+func (c *Cluster) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
+	return c.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
 // PublishMessageTx is Transport.PublishMessageTx, with tx as PublishTx says.
@@ -154,8 +201,8 @@ func (c *Cluster) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtranspo
 	if err := c.check("publish"); err != nil {
 		return 0, err
 	}
-	i := c.cl.Home(msg.Group)
-	if err := c.cl.CheckTx(ctx, tx, i, c.cl.Part(i).CheckMessage(msg)); err != nil {
+	i, err := c.cl.CheckPublishTx(ctx, tx, msg.Group, c.cl.Part(0).CheckMessage(msg))
+	if err != nil {
 		return 0, fmt.Errorf("publish: %w", err)
 	}
 	return c.parts[i].PublishMessageTx(ctx, tx, msg)
@@ -274,9 +321,9 @@ func (c *Cluster) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetter
 	return c.cl.PurgeDeadLetters(ctx, f)
 }
 
-// RestartGroup is Transport.RestartGroup on group's partition.
+// RestartGroup is Transport.RestartGroup on the partition that holds group (Locate).
 func (c *Cluster) RestartGroup(ctx context.Context, group string, skipHead bool) error {
-	return c.home(group).RestartGroup(ctx, group, skipHead)
+	return onGroupErr(c, ctx, group, func(t *Transport) error { return t.RestartGroup(ctx, group, skipHead) })
 }
 
 // Stats is Transport.Stats added up over the partitions: counts summed, an
@@ -300,29 +347,29 @@ func (c *Cluster) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtra
 	return c.cl.Groups(ctx, q)
 }
 
-// Group is Transport.Group on group's partition.
+// Group is Transport.Group on the partition that holds group (Locate).
 func (c *Cluster) Group(ctx context.Context, group string) (pgtransport.GroupInfo, error) {
-	return c.home(group).Group(ctx, group)
+	return onGroup(c, ctx, group, func(t *Transport) (pgtransport.GroupInfo, error) { return t.Group(ctx, group) })
 }
 
-// Peek is Transport.Peek on group's partition.
+// Peek is Transport.Peek on the partition that holds group (Locate).
 func (c *Cluster) Peek(ctx context.Context, group string, n int) ([]pgtransport.PeekedMessage, error) {
-	return c.home(group).Peek(ctx, group, n)
+	return onGroup(c, ctx, group, func(t *Transport) ([]pgtransport.PeekedMessage, error) { return t.Peek(ctx, group, n) })
 }
 
-// PauseGroup is Transport.PauseGroup on group's partition.
+// PauseGroup is Transport.PauseGroup on the partition that holds group (Locate).
 func (c *Cluster) PauseGroup(ctx context.Context, group string) error {
-	return c.home(group).PauseGroup(ctx, group)
+	return onGroupErr(c, ctx, group, func(t *Transport) error { return t.PauseGroup(ctx, group) })
 }
 
-// ResumeGroup is Transport.ResumeGroup on group's partition.
+// ResumeGroup is Transport.ResumeGroup on the partition that holds group (Locate).
 func (c *Cluster) ResumeGroup(ctx context.Context, group string) error {
-	return c.home(group).ResumeGroup(ctx, group)
+	return onGroupErr(c, ctx, group, func(t *Transport) error { return t.ResumeGroup(ctx, group) })
 }
 
-// PurgeGroup is Transport.PurgeGroup on group's partition.
+// PurgeGroup is Transport.PurgeGroup on the partition that holds group (Locate).
 func (c *Cluster) PurgeGroup(ctx context.Context, group string, limit int) (int64, error) {
-	return c.home(group).PurgeGroup(ctx, group, limit)
+	return onGroup(c, ctx, group, func(t *Transport) (int64, error) { return t.PurgeGroup(ctx, group, limit) })
 }
 
 // AckTx is Transport.AckTx; tx must be on the lease's partition's
@@ -351,19 +398,26 @@ func (c *Cluster) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.
 	return c.parts[i].AckStateTx(ctx, tx, lease, state)
 }
 
-// State is Transport.State on group's partition.
+// State is Transport.State on the partition that holds group (Locate).
 func (c *Cluster) State(ctx context.Context, group string) ([]byte, error) {
-	return c.home(group).State(ctx, group)
+	return onGroup(c, ctx, group, func(t *Transport) ([]byte, error) { return t.State(ctx, group) })
 }
 
-// StateTx is Transport.StateTx; tx must be on group's partition's
-// database, else ErrInvalidConfig.
+// StateTx is Transport.StateTx; tx must be on the database of the
+// partition that holds group (Locate), else ErrInvalidConfig.
 func (c *Cluster) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error) {
 	if err := c.check("state"); err != nil {
 		return nil, err
 	}
+	pre := core.CheckGroup(group)
 	i := c.cl.Home(group)
-	if err := c.cl.CheckTx(ctx, tx, i, core.CheckGroup(group)); err != nil {
+	if pre == nil && c.cl.Moves(group) {
+		var err error
+		if i, err = c.Locate(ctx, group); err != nil {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+	}
+	if err := c.cl.CheckTx(ctx, tx, i, pre); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	return c.parts[i].StateTx(ctx, tx, group)

@@ -26,7 +26,7 @@ func (a *app) migrateCmd() *cobra.Command {
 		Args: a.exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.migrateSQLCmd(), a.migrateApplyCmd(), a.migrateVersionCmd(), a.migrateGrantsCmd())
+	cmd.AddCommand(a.migrateSQLCmd(), a.migrateApplyCmd(), a.migrateVersionCmd(), a.migrateGrantsCmd(), a.migrateGrowCmd())
 	return cmd
 }
 
@@ -219,4 +219,55 @@ func (a *app) recordedVersion(ctx context.Context) (int, error) {
 func absent(err error) bool {
 	pgErr, ok := errors.AsType[*pgconn.PgError](err)
 	return ok && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+}
+
+func (a *app) migrateGrowCmd() *cobra.Command {
+	var finish bool
+	cmd := &cobra.Command{
+		Use:   "grow [PARTITION...]",
+		Short: "Grow a partitioned queue from N to 2N partitions, or end a growth",
+		Long: `grow, pointed at a PL/Proxy proxy database (docs/protocol.md, "Growing the
+cluster"), grows its queue from the N partitions its proxy was checked with
+to 2N. Each PARTITION is a new partition's connection string, as the
+proxy's cluster lists the others (libpq key=value), N of them, in order:
+databases that hold the queue, applied and numbered N to 2N-1 (migrate
+apply --partition), and empty. In one transaction it adds them to cluster
+pgtransport and arms every partition: from then on a group whose home
+changed stays in its old partition while it has anything there (messages,
+a lease, dead letters, a kept state, a dedup key), and lives in its new one
+after. Reopen the Go clients: ones opened before are refused publishes of
+groups that have moved.
+
+grow --finish ends the growth once no old partition holds anything of a
+moving group: it fails (exit 1) saying what is left while any does. Rows
+drain as their messages are handled, kept states and keys expire, and dead
+letters wait for a redrive or a purge.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if finish && len(args) > 0 {
+				return usageErrorf("--finish takes no partitions")
+			}
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			if finish {
+				n, err := schema.Grown(ctx, pool, a.schema)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: the cluster has %d partitions; every group lives in its home\n", a.schemaLabel(), n)
+				return nil
+			}
+			n, err := schema.Grow(ctx, pool, a.schema, args)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: growing to %d partitions; moving groups drain in their old ones (grow --finish ends it)\n", a.schemaLabel(), n)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&finish, "finish", false, "end the growth, once the old partitions hold nothing of a moving group")
+	return cmd
 }

@@ -91,3 +91,39 @@ func TestMigrateProxyFlags(t *testing.T) {
 	is.True(strings.Contains(out, "harel_px_check("))                       // the proxy's script ...
 	is.True(!strings.Contains(out, "INSERT INTO transport_schema_version")) // ... not the queue's
 }
+
+// TestMigrateGrow: migrate grow grows a queue behind a proxy from two
+// partitions to four (the new ones applied and numbered as migrate apply
+// --partition does); grow --finish fails, saying what is left, while a
+// moving group still has messages in its old partition, and ends the
+// growth once they are handled. Bad usage and a second growth without
+// new partitions are refused.
+func TestMigrateGrow(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Growable(t, 2)
+	h := &harness{t: t, schema: p.Schema, pool: p.Proxy, dsn: p.ProxyDSN}
+	var in strings.Builder
+	for i := range 16 {
+		fmt.Fprintf(&in, "{\"group\": \"gr-%d\", \"event\": \"e%d\"}\n", i, i)
+	}
+	h.ok(in.String(), "publish")
+	h.fails(2, "", []string{"migrate", "grow", "--finish", "host=x"}, "--finish takes no partitions")
+	added, err := p.Prepare(context.Background())
+	is.NoErr(err)
+	out := h.ok("", append([]string{"migrate", "grow"}, added...)...).stdout
+	is.True(strings.Contains(out, "growing to 4 partitions"))
+	h.fails(1, "", []string{"migrate", "grow", "--finish"}, "moving groups still hold")
+	for { // handle every message, through the proxy
+		var g string
+		var seq int64
+		err := p.Proxy.QueryRow(context.Background(), `SELECT group_id, seq FROM harel_claim(extract(epoch FROM clock_timestamp()), extract(epoch FROM clock_timestamp()) + 30, 'w')`).Scan(&g, &seq)
+		if err != nil {
+			break // no rows: drained
+		}
+		_, err = p.Proxy.Exec(context.Background(), `SELECT harel_ack($1, $2, 'w', extract(epoch FROM clock_timestamp()))`, g, seq)
+		is.NoErr(err)
+	}
+	is.True(strings.Contains(h.ok("", "migrate", "grow", "--finish").stdout, "4 partitions"))
+	h.fails(2, "", []string{"migrate", "grow"}, "growing from 4 needs 8")
+}

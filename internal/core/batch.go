@@ -20,14 +20,42 @@ import (
 // MaxBatch inside one transaction (see publishChunks). It wakes a parked
 // caller per message.
 func (c *Core) PublishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	return c.publishObserved(ctx, msgs, false)
+}
+
+// PublishHere is PublishMany on a partition of a growing cluster (a
+// Cluster's first try of a moving group, in its old home): the messages
+// of a group whose home is another partition and that has nothing left
+// here are not published, and their seqs are 0, for the caller to publish
+// in the group's new home; the others are published as PublishMany does.
+func (c *Core) PublishHere(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+	return c.publishObserved(ctx, msgs, true)
+}
+
+func (c *Core) publishObserved(ctx context.Context, msgs []pgtransport.Message, here bool) ([]int64, error) {
 	t0 := c.timer()
-	seqs, err := c.publishMany(ctx, msgs)
-	c.observePublished(t0, len(msgs), err)
-	c.parking.Wake(wakesPublish(len(msgs), err))
+	seqs, err := c.publishMany(ctx, msgs, here)
+	n := len(msgs)
+	if err == nil {
+		n -= count(seqs, 0) // handed back: published elsewhere, observed there
+	}
+	c.observePublished(t0, n, err)
+	c.parking.Wake(wakesPublish(n, err))
 	return seqs, err
 }
 
-func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+// count is how many of xs are x.
+func count[T comparable](xs []T, x T) int {
+	n := 0
+	for _, v := range xs {
+		if v == x {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message, here bool) ([]int64, error) {
 	if len(msgs) == 0 {
 		return nil, fmt.Errorf("publish: %w: no messages", pgtransport.ErrInvalidBatch)
 	}
@@ -40,9 +68,9 @@ func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]i
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	if len(msgs) <= pgtransport.MaxBatch {
-		return c.publishChunk(ctx, c.db, msgs)
+		return c.publishChunk(ctx, c.db, msgs, here)
 	}
-	return c.publishChunks(ctx, msgs)
+	return c.publishChunks(ctx, msgs, here)
 }
 
 // publishChunks publishes a batch longer than MaxBatch in chunks of
@@ -55,14 +83,14 @@ func (c *Core) publishMany(ctx context.Context, msgs []pgtransport.Message) ([]i
 // their keys until then, so two such batches naming the same keys in
 // opposite orders can deadlock (PostgreSQL then fails one, which applied
 // nothing).
-func (c *Core) publishChunks(ctx context.Context, msgs []pgtransport.Message) ([]int64, error) {
+func (c *Core) publishChunks(ctx context.Context, msgs []pgtransport.Message, here bool) ([]int64, error) {
 	var (
 		seqs     = make([]int64, 0, len(msgs))
 		chunkErr error // a chunk's error, mapped already
 	)
 	err := pgx.BeginFunc(ctx, c.db, func(tx pgx.Tx) error {
 		for chunk := range slices.Chunk(msgs, pgtransport.MaxBatch) {
-			s, err := c.publishChunk(ctx, tx, chunk)
+			s, err := c.publishChunk(ctx, tx, chunk, here)
 			if err != nil {
 				chunkErr = err
 				return err
@@ -81,8 +109,9 @@ func (c *Core) publishChunks(ctx context.Context, msgs []pgtransport.Message) ([
 }
 
 // publishChunk appends msgs, checked, at most MaxBatch, in one statement
-// through db: the core's handle or a transaction.
-func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Message) ([]int64, error) {
+// through db: the core's handle or a transaction; with here, as
+// PublishHere says.
+func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Message, here bool) ([]int64, error) {
 	groups := make([]string, len(msgs))
 	events := make([]string, len(msgs))
 	prios := make([]int32, len(msgs))
@@ -93,6 +122,9 @@ func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Mes
 		if m.DedupKey != "" {
 			keys[i], keyed = &msgs[i].DedupKey, true
 		}
+	}
+	if here {
+		return c.publishChunkHere(ctx, db, groups, events, prios, keys, keyed)
 	}
 	var (
 		rows pgx.Rows
@@ -116,6 +148,42 @@ func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Mes
 		seqs = append(seqs, s)
 	}
 	if err := rows.Err(); err != nil {
+		return nil, mapErr("publish", err)
+	}
+	return seqs, nil
+}
+
+// publishChunkHere is publishChunk's statement for PublishHere: each seq
+// comes back beside its input's place, NULL (0 here) where handed back.
+func (c *Core) publishChunkHere(ctx context.Context, db DBTX, groups, events []string, prios []int32, keys []*string, keyed bool) ([]int64, error) {
+	ords := make([]int32, len(groups))
+	for i := range ords {
+		ords[i] = int32(i + 1)
+	}
+	var window *float64 // NULL: the plain publish
+	if keyed {
+		w := c.cfg.DedupWindow.Seconds()
+		window = &w
+	}
+	rows, err := db.Query(ctx, c.q.publishHere, ords, groups, events, prios, keys, window)
+	if err != nil {
+		return nil, mapErr("publish", err)
+	}
+	seqs := make([]int64, len(groups))
+	var (
+		ord int32
+		seq *int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ord, &seq}, func() error {
+		if ord < 1 || int(ord) > len(seqs) {
+			return fmt.Errorf("a row for input %d of %d", ord, len(seqs))
+		}
+		if seq != nil {
+			seqs[ord-1] = *seq
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, mapErr("publish", err)
 	}
 	return seqs, nil
@@ -428,3 +496,19 @@ func (c *Core) giveBack(ctx context.Context, l *pgtransport.Lease) {
 
 // giveBackTimeout bounds a give-back during shutdown.
 const giveBackTimeout = 5 * time.Second
+
+// Here is those of groups that have anything in this database (a row,
+// a message, a dead letter, a kept state, a dedup key in its window): a
+// Cluster's locate of a moving group while the cluster grows. It decides
+// nothing; the partition's fence does.
+func (c *Core) Here(ctx context.Context, groups []string) ([]string, error) {
+	rows, err := c.db.Query(ctx, c.q.here, groups)
+	if err != nil {
+		return nil, mapErr("locate", err)
+	}
+	here, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, mapErr("locate", err)
+	}
+	return here, nil
+}

@@ -29,10 +29,17 @@ const MaxPartitions = 1024
 // partition; the Cluster routes a call to the partition its group or lease
 // names, rotates claims over the partitions from a turn that moves with
 // every claim, splits batches, and merges reads. The calls that name a
-// group or a lease are the front-ends' own, on Part(Home(group)) or
+// group or a lease are the front-ends' own, on Part(Locate(group)) or
 // Part(Of(seq)); the rest are here.
+//
+// While the cluster grows from N/2 partitions to N (docs/protocol.md,
+// "Growing the cluster"), a group whose home changed lives in its old
+// home until it has nothing left there: Locate finds it, and a publish
+// tries the old home first (Core.PublishHere), which hands back the
+// messages of a group that has left.
 type Cluster struct {
 	parts []*Core
+	from  int           // while growing: the count it grew from; 0 otherwise
 	turn  atomic.Uint32 // the next claim's first partition
 
 	mu      stdsync.Mutex
@@ -43,25 +50,35 @@ type Cluster struct {
 // NewCluster returns the cluster of parts (parts[i] partition i), after
 // checking that their count is a power of two up to MaxPartitions, that
 // each database is numbered by its place (an unnumbered database is
-// allowed as the only partition), and that its server hashes groups as
-// Hashtext does. A misnumbered or unnumbered partition is ErrInvalidConfig:
-// its groups would be looked for in another database.
+// allowed as the only partition), that its server hashes groups as
+// Hashtext does, and that a grown cluster is given whole: every
+// partition armed for len(parts) (schema's growth), or none. A
+// misnumbered or unnumbered partition, or a grown cluster given in part,
+// is ErrInvalidConfig: its groups would be looked for in another
+// database.
 func NewCluster(ctx context.Context, parts []*Core) (*Cluster, error) {
 	n := len(parts)
 	if n == 0 || n > MaxPartitions || n&(n-1) != 0 {
 		return nil, fmt.Errorf("%w: %d partitions; a cluster has a power of two, 1 to %d", pgtransport.ErrInvalidConfig, n, MaxPartitions)
 	}
 	const probe = "pgtransport: is hashtext the same here?"
+	var (
+		from     = -1 // the count it grew from: -1 unread, 0 none
+		anyArmed = false
+	)
 	for i, c := range parts {
 		if c == nil {
 			return nil, fmt.Errorf("%w: partition %d is nil", pgtransport.ErrInvalidConfig, i)
 		}
 		var (
-			part *int32
-			hash int32
+			part, armed, grownFrom *int32
+			hash                   int32
 		)
-		if err := c.db.QueryRow(ctx, c.q.partition, probe).Scan(&part, &hash); err != nil {
+		if err := c.db.QueryRow(ctx, c.q.partition, probe).Scan(&part, &armed, &grownFrom, &hash); err != nil {
 			return nil, mapErr(fmt.Sprintf("partition %d", i), err)
+		}
+		if err := checkArmed(i, n, armed, grownFrom, &from, &anyArmed); err != nil {
+			return nil, err
 		}
 		switch {
 		case part == nil && n > 1:
@@ -72,9 +89,35 @@ func NewCluster(ctx context.Context, parts []*Core) (*Cluster, error) {
 			return nil, fmt.Errorf("%w: partition %d's server hashes groups differently (a big-endian server?): hashtext routing would disagree with a proxy's", pgtransport.ErrInvalidConfig, i)
 		}
 	}
-	cl := &Cluster{parts: slices.Clone(parts)}
+	cl := &Cluster{parts: slices.Clone(parts), from: max(from, 0)}
 	cl.turn.Store(rand.Uint32())
 	return cl, nil
+}
+
+// checkArmed checks partition i's growth record (the count it was armed
+// for, the count it grew from) against a cluster of n: armed for n or not
+// at all, all alike; *from is the count every partition so far grew
+// from, and *anyArmed whether any was armed.
+func checkArmed(i, n int, armed, grownFrom *int32, from *int, anyArmed *bool) error {
+	switch {
+	case armed != nil && int(*armed) > n:
+		return fmt.Errorf("%w: partition %d belongs to a cluster grown to %d partitions; open it with all of them (OpenCluster reads them from the proxy)", pgtransport.ErrInvalidConfig, i, *armed)
+	case armed != nil && int(*armed) != n:
+		return fmt.Errorf("%w: partition %d was armed for a cluster of %d partitions, not %d", pgtransport.ErrInvalidConfig, i, *armed, n)
+	case i > 0 && armed != nil && !*anyArmed:
+		return fmt.Errorf("%w: partition %d is armed for growth and partition 0 is not: the growth was not finished (the proxy's harel_px_grow arms them all)", pgtransport.ErrInvalidConfig, i)
+	case i > 0 && armed == nil && *anyArmed:
+		return fmt.Errorf("%w: partition 0 is armed for growth and partition %d is not: the growth was not finished (the proxy's harel_px_grow arms them all)", pgtransport.ErrInvalidConfig, i)
+	}
+	g := 0
+	if grownFrom != nil {
+		g = int(*grownFrom)
+	}
+	if *from >= 0 && g != *from {
+		return fmt.Errorf("%w: partition %d grew from %d partitions, partition 0 from %d: the growth is half finished (the proxy's harel_px_grown)", pgtransport.ErrInvalidConfig, i, g, *from)
+	}
+	*from, *anyArmed = g, armed != nil
+	return nil
 }
 
 // N is the number of partitions.
@@ -84,8 +127,49 @@ func (cl *Cluster) N() int { return len(cl.parts) }
 func (cl *Cluster) Part(i int) *Core { return cl.parts[i] }
 
 // Home is the partition of group: Hashtext(group) & (N-1), as PL/Proxy's
-// RUN ON hashtext(group).
+// RUN ON hashtext(group). While the cluster grows, a group may still live
+// in its old home: Locate.
 func (cl *Cluster) Home(group string) int { return int(Hashtext(group)) & (len(cl.parts) - 1) }
+
+// GrownFrom is the partition count the cluster grew from while it grows,
+// 0 otherwise.
+func (cl *Cluster) GrownFrom() int { return cl.from }
+
+// first is the partition a publish of group tries first: its home, or
+// while the cluster grows its home before (the same for a group that does
+// not move).
+func (cl *Cluster) first(group string) int {
+	if cl.from == 0 {
+		return cl.Home(group)
+	}
+	return int(Hashtext(group)) & (cl.from - 1)
+}
+
+// Moves reports whether the cluster grows and group's home changed: its
+// calls then locate it first (Locate), and its publishes try its old home
+// first.
+func (cl *Cluster) Moves(group string) bool { return cl.first(group) != cl.Home(group) }
+
+// Locate is the partition that holds group now: Home, but while the
+// cluster grows and the group moves, its old home as long as it has
+// anything there (a message, a lease, a dead letter, a kept state, a
+// dedup key), which takes a round-trip to that partition. A group found
+// in its new home stays there; one found in its old home may leave it as
+// soon as its last message is acked.
+func (cl *Cluster) Locate(ctx context.Context, group string) (int, error) {
+	home, old := cl.Home(group), cl.first(group)
+	if old == home {
+		return home, nil
+	}
+	here, err := cl.parts[old].Here(ctx, []string{group})
+	if err != nil {
+		return 0, fmt.Errorf("partition %d: %w", old, err)
+	}
+	if len(here) > 0 {
+		return old, nil
+	}
+	return home, nil
+}
 
 // Of is the partition of the message seq (a lease's Seq, a dead letter's):
 // seq & (N-1). A lease of nil goes to partition 0, which refuses it.
@@ -373,24 +457,64 @@ func (cl *Cluster) PublishMany(ctx context.Context, msgs []pgtransport.Message) 
 			return nil, fmt.Errorf("publish: message %d: %w", k, err)
 		}
 	}
-	parts, items := split(len(msgs), func(k int) int { return cl.Home(msgs[k].Group) })
 	seqs := make([]int64, len(msgs))
 	errs := make([]error, len(cl.parts))
+	all := make([]int, len(msgs))
+	for k := range all {
+		all[k] = k
+	}
+	// While growing, a moving group's messages go to its old home first,
+	// which hands back those of a group that has left (seq 0); they go to
+	// its home next. A failed partition's messages are not retried.
+	called := make([]bool, len(cl.parts))
+	cl.publishOn(ctx, msgs, all, cl.first, seqs, errs, called, cl.from != 0)
+	if cl.from != 0 {
+		var back []int
+		for k, s := range seqs {
+			if s == 0 && errs[cl.first(msgs[k].Group)] == nil {
+				back = append(back, k)
+			}
+		}
+		if len(back) > 0 {
+			cl.publishOn(ctx, msgs, back, cl.Home, seqs, errs, called, false)
+		}
+	}
+	spanned := count(called, true)
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = partitionErr(spanned, i, err)
+		}
+	}
+	return seqs, errors.Join(errs...)
+}
+
+// publishOn publishes msgs[ks], each on partition route(its group), one
+// Core call per partition at once (PublishHere where here), filling seqs,
+// errs and the partitions called.
+func (cl *Cluster) publishOn(ctx context.Context, msgs []pgtransport.Message, ks []int, route func(string) int,
+	seqs []int64, errs []error, called []bool, here bool) {
+	parts, items := split(len(ks), func(j int) int { return route(msgs[ks[j]].Group) })
+	for _, i := range parts {
+		called[i] = true
+	}
 	each(parts, func(i int) {
 		batch := make([]pgtransport.Message, len(items[i]))
-		for j, k := range items[i] {
-			batch[j] = msgs[k]
+		for j, x := range items[i] {
+			batch[j] = msgs[ks[x]]
 		}
-		s, err := cl.parts[i].PublishMany(ctx, batch)
+		publish := cl.parts[i].PublishMany
+		if here && i < cl.from {
+			publish = cl.parts[i].PublishHere
+		}
+		s, err := publish(ctx, batch)
 		if err != nil {
-			errs[i] = partitionErr(len(parts), i, err)
+			errs[i] = err
 			return
 		}
-		for j, k := range items[i] {
-			seqs[k] = s[j]
+		for j, x := range items[i] {
+			seqs[ks[x]] = s[j]
 		}
 	})
-	return seqs, errors.Join(errs...)
 }
 
 // partitionErr is err of partition i, named when the call spanned
@@ -677,10 +801,7 @@ func (cl *Cluster) RunEach(ctx context.Context, cfg pgtransport.WorkerConfig, ru
 // error of their check, so bad input is refused as on one database), then
 // the transaction. It refuses (ErrInvalidConfig) one that is not on
 // partition i's database: a message published there would be out of its
-// group's order, a lease acked there not found. It looks first whether the
-// database holds a queue at all (so a transaction elsewhere, on the proxy
-// or the application's own database, is refused without an error that
-// would abort it), then at the partition's number: two round-trips in tx.
+// group's order, a lease acked there not found.
 func (cl *Cluster) CheckTx(ctx context.Context, tx pgx.Tx, i int, pre error) error {
 	if pre != nil {
 		return pre
@@ -688,22 +809,70 @@ func (cl *Cluster) CheckTx(ctx context.Context, tx pgx.Tx, i int, pre error) err
 	if tx == nil || len(cl.parts) == 1 {
 		return nil // one partition: any database is it; nil: the call refuses it
 	}
-	c := cl.parts[i]
-	var (
-		isPart bool
-		part   *int32
-		hash   int32
-	)
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.q.partitionTable).Scan(&isPart); err != nil {
-		return mapErr("check the transaction's database", err)
+	p, err := cl.txPart(ctx, tx)
+	if err != nil {
+		return err
 	}
-	if isPart {
-		if err := tx.QueryRow(ctx, c.q.partition, "").Scan(&part, &hash); err != nil {
-			return mapErr("check the transaction's database", err)
-		}
-	}
-	if part == nil || int(*part) != i {
-		return fmt.Errorf("%w: the transaction is not on the database of partition %d, where the group lives (Cluster.Home)", pgtransport.ErrInvalidConfig, i)
+	if p != i {
+		return notOn(i)
 	}
 	return nil
+}
+
+// CheckPublishTx is CheckTx for a publish of group in tx, and returns the
+// partition to publish on. A moving group's old home takes the
+// transaction as it is: its fence refuses the message (ErrGroupMoved) if
+// the group has left. Anywhere else tx must be where Locate finds the
+// group.
+func (cl *Cluster) CheckPublishTx(ctx context.Context, tx pgx.Tx, group string, pre error) (int, error) {
+	if pre != nil || !cl.Moves(group) || tx == nil {
+		i := cl.Home(group)
+		return i, cl.CheckTx(ctx, tx, i, pre)
+	}
+	p, err := cl.txPart(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if p == cl.first(group) {
+		return p, nil
+	}
+	i, err := cl.Locate(ctx, group)
+	if err != nil {
+		return 0, err
+	}
+	if p != i {
+		return 0, notOn(i)
+	}
+	return i, nil
+}
+
+// notOn is the refusal of a transaction that is not on partition i.
+func notOn(i int) error {
+	return fmt.Errorf("%w: the transaction is not on the database of partition %d, where the group lives (Cluster.Locate)", pgtransport.ErrInvalidConfig, i)
+}
+
+// txPart is the partition number of tx's database, -1 for one that is not
+// a partition. It looks first whether the database holds a queue at all
+// (so a transaction elsewhere, on the proxy or the application's own
+// database, is refused without an error that would abort it), then at
+// the partition's number: two round-trips in tx.
+func (cl *Cluster) txPart(ctx context.Context, tx pgx.Tx) (int, error) {
+	c := cl.parts[0]
+	var (
+		isPart                 bool
+		part, armed, grownFrom *int32
+		hash                   int32
+	)
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.q.partitionTable).Scan(&isPart); err != nil {
+		return 0, mapErr("check the transaction's database", err)
+	}
+	if isPart {
+		if err := tx.QueryRow(ctx, c.q.partition, "").Scan(&part, &armed, &grownFrom, &hash); err != nil {
+			return 0, mapErr("check the transaction's database", err)
+		}
+	}
+	if part == nil {
+		return -1, nil
+	}
+	return int(*part), nil
 }

@@ -534,6 +534,7 @@ var refusals = map[string]error{
 	"PT006": pgtransport.ErrInvalidDedupKey,   // a dedup key that is empty or longer than MaxDedupKeyBytes
 	"PT007": pgtransport.ErrUnknownGroup,      // an operator's call on a group with no row (harel_group, harel_pause_group, ...)
 	"PT008": pgtransport.ErrStateTooLarge,     // harel_ack_state of a state over pgtransport.MaxStateSize
+	"PT010": pgtransport.ErrGroupMoved,        // a publish of a group that left this partition (a grown cluster)
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

@@ -23,9 +23,19 @@ const (
 
 	nowExpr = `COALESCE($1::float8, extract(epoch FROM clock_timestamp())::float8)`
 
-	// partitionSQL reads the database's partition number (NULL: none) and
+	// partitionSQL reads the database's partition number (NULL: none), the
+	// count it was armed for and the count it grew from (NULL: none), and
 	// its hashtext of $1 (Cluster's checks).
-	partitionSQL = `SELECT (SELECT part FROM {s}transport_partition), hashtext($1::text)`
+	partitionSQL = `SELECT m.part, m.parts, m.grown_from, hashtext($1::text) FROM {s}harel_partition_map() AS m`
+
+	// hereSQL is those of $1's groups that have anything in this
+	// partition (a Cluster's locate while the cluster grows).
+	hereSQL = `SELECT g FROM {s}harel_here($1::text[]) AS g`
+
+	// publishHereSQL is publishKeyedSQL (plain with $6 NULL) that publishes
+	// only the groups that may stay in this partition, each seq beside its
+	// input's place $1; NULL for a group that moved (a grown cluster).
+	publishHereSQL = `SELECT r.ord, r.seq FROM {s}harel_px_publish_many($1::int[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8) AS r`
 
 	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int)`
 
@@ -139,6 +149,7 @@ const (
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	partition, partitionTable            string
+	here, publishHere                    string
 	publish, claim, ack, nack, extend    string
 	extendMany, ackClaim                 string
 	claimInTx, fail, release             string
@@ -203,5 +214,7 @@ func newStatements(schema string, clock bool) statements {
 
 		partition:      bind(partitionSQL),
 		partitionTable: bind("{s}transport_partition"),
+		here:           bind(hereSQL),
+		publishHere:    bind(publishHereSQL),
 	}
 }

@@ -205,23 +205,13 @@ func TestClusterPartitionRestart(t *testing.T) {
 	if err := server.Start(); err != nil {
 		t.Fatal(err)
 	}
-	left := func() (msgs, grps int) {
-		for _, pool := range pools {
-			var m, g int
-			if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&m, &g); err != nil {
-				return -1, -1 // a partition not back yet
-			}
-			msgs, grps = msgs+m, grps+g
-		}
-		return msgs, grps
-	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if m, g := left(); published.Load() >= total && m == 0 && g == 0 {
+		m, g, err := leftIn(pools) // an error: a partition not back yet
+		if err == nil && published.Load() >= total && m == 0 && g == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			m, g := left()
-			t.Fatalf("a minute after the restart: %d of %d published, %d messages and %d groups left", published.Load(), total, m, g)
+			t.Fatalf("a minute after the restart: %d of %d published, %d messages and %d groups left (%v)", published.Load(), total, m, g, err)
 		}
 	}
 	stop()
@@ -261,4 +251,17 @@ func TestClusterPartitionRestart(t *testing.T) {
 		t.Errorf("%d acked and %d dead-lettered of the %d published, %d dead letters, %d kills: the run did not do what it is for",
 			stats.Acked, stats.DeadLettered, total, len(end.Dead), kills.Load())
 	}
+}
+
+// leftIn is how many messages and group rows the partitions hold, added
+// up.
+func leftIn(pools []*pgxpool.Pool) (msgs, grps int, err error) {
+	for _, pool := range pools {
+		var m, g int
+		if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&m, &g); err != nil {
+			return msgs, grps, err
+		}
+		msgs, grps = msgs+m, grps+g
+	}
+	return msgs, grps, nil
 }

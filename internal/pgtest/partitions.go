@@ -31,6 +31,70 @@ type Partitioned struct {
 	ProxyDSN string
 	PartDSNs []string
 	cluster  *partCluster // the databases and their admin pools
+	spare    *partCluster // Growable's: the shared cluster of twice as many, whose second half Grow adds
+	maxConns int32
+}
+
+// Growable is Partitions(tb, n) behind a proxy database of tb's own, over
+// the first n of the shared databases of a 2n-partition cluster: Grow
+// adds the other n.
+func Growable(tb testing.TB, n int) *Partitioned {
+	tb.Helper()
+	return forTest(tb, func() (*Partitioned, error) {
+		shared, err := partitionCluster(2 * n)
+		if err != nil {
+			return nil, err
+		}
+		c, err := privateCluster(shared, nil, n)
+		if err != nil {
+			return nil, err
+		}
+		p, err := c.open(8)
+		if err != nil {
+			return nil, errors.Join(err, c.private())
+		}
+		p.spare = shared
+		return p, nil
+	})
+}
+
+// Grow grows a Growable p from n partitions to 2n as an operator does:
+// Prepare, then schema.Grow through p's proxy.
+func (p *Partitioned) Grow(ctx context.Context) (int, error) {
+	added, err := p.Prepare(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return schema.Grow(ctx, p.Proxy, p.Schema, added)
+}
+
+// Prepare readies a Growable p's n new partitions, as an operator does
+// before growing: the queue applied and numbered n to 2n-1 in the next n
+// shared databases (p.Parts and p.PartDSNs gain them). It returns their
+// connection strings as the proxy's cluster lists partitions.
+func (p *Partitioned) Prepare(ctx context.Context) ([]string, error) {
+	n := len(p.Parts)
+	if p.spare == nil || len(p.spare.parts) < 2*n {
+		return nil, errors.New("pgtest: Prepare: not a Growable queue, or prepared already")
+	}
+	var added []string
+	for i := n; i < 2*n; i++ {
+		part, err := p.pool(ctx, p.spare.partDSNs[i], p.spare.parts[i])
+		if err != nil {
+			return nil, err
+		}
+		p.Parts, p.PartDSNs = append(p.Parts, part), append(p.PartDSNs, p.spare.partDSNs[i])
+		p.cluster.parts = append(p.cluster.parts, p.spare.parts[i]) // dropped with the others
+		if err := schema.Apply(ctx, part, p.Schema); err != nil {
+			return nil, err
+		}
+		if err := schema.Partition(ctx, part, p.Schema, i); err != nil {
+			return nil, err
+		}
+		added = append(added, p.spare.plproxy[i])
+	}
+	p.spare = nil
+	return added, nil
 }
 
 // plproxyInstall says what a run without PL/Proxy needs.
@@ -118,7 +182,7 @@ func PartitionsOn(tb testing.TB, n int, own map[int]string) *Partitioned {
 		if err != nil {
 			return nil, err
 		}
-		c, err := privateCluster(shared, own)
+		c, err := privateCluster(shared, own, n)
 		if err != nil {
 			return nil, err
 		}
@@ -178,9 +242,10 @@ func sweepProxies(ctx context.Context, adm *pgxpool.Pool) error {
 	return errors.Join(errs...)
 }
 
-// privateCluster is shared with the partitions own names instead, and a
-// proxy database of its own whose cluster lists them.
-func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, err error) {
+// privateCluster is shared's first n partitions, with the partitions own
+// names instead, and a proxy database of its own whose cluster lists
+// them.
+func privateCluster(shared *partCluster, own map[int]string, n int) (_ *partCluster, err error) {
 	dsn, adm, err := server()
 	if err != nil {
 		return nil, err
@@ -193,7 +258,7 @@ func privateCluster(shared *partCluster, own map[int]string) (_ *partCluster, er
 	if err := locked(ctx, adm, func(conn *pgxpool.Conn) error { return createDatabases(ctx, conn, name) }); err != nil {
 		return nil, err
 	}
-	c := &partCluster{partDSNs: slices.Clone(shared.partDSNs), plproxy: slices.Clone(shared.plproxy), parts: slices.Clone(shared.parts)}
+	c := &partCluster{partDSNs: slices.Clone(shared.partDSNs[:n]), plproxy: slices.Clone(shared.plproxy[:n]), parts: slices.Clone(shared.parts[:n])}
 	var mine []*pgxpool.Pool
 	c.private = func() error {
 		for _, p := range mine {
@@ -445,27 +510,14 @@ func (c *partCluster) open(maxConns int32) (_ *Partitioned, err error) {
 	defer cancel()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	p := &Partitioned{Schema: "t_" + hex.EncodeToString(b[:]), ProxyDSN: c.proxyDSN, PartDSNs: c.partDSNs, cluster: c}
+	p := &Partitioned{Schema: "t_" + hex.EncodeToString(b[:]), ProxyDSN: c.proxyDSN, PartDSNs: slices.Clone(c.partDSNs), cluster: c, maxConns: maxConns}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.drop(p))
 		}
 	}()
-	pool := func(dsn string, adm *pgxpool.Pool) (*pgxpool.Pool, error) {
-		if err := createSchema(ctx, adm, p.Schema, owner, time.Now()); err != nil {
-			return nil, fmt.Errorf("create schema: %w", err)
-		}
-		cfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			return nil, err
-		}
-		cfg.MaxConns = maxConns
-		cfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
-		cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
-		return pgxpool.NewWithConfig(ctx, cfg)
-	}
 	for i, adm := range c.parts {
-		part, err := pool(c.partDSNs[i], adm)
+		part, err := p.pool(ctx, c.partDSNs[i], adm)
 		if err != nil {
 			return p, err
 		}
@@ -477,13 +529,29 @@ func (c *partCluster) open(maxConns int32) (_ *Partitioned, err error) {
 			return p, err
 		}
 	}
-	if p.Proxy, err = pool(c.proxyDSN, c.proxy); err != nil {
+	if p.Proxy, err = p.pool(ctx, c.proxyDSN, c.proxy); err != nil {
 		return p, err
 	}
 	if err := schema.ApplyProxy(ctx, p.Proxy, p.Schema); err != nil {
 		return p, err
 	}
 	return p, nil
+}
+
+// pool makes p's schema in the database adm is on and returns a pool of
+// p's on it (dsn), its search_path on the schema.
+func (p *Partitioned) pool(ctx context.Context, dsn string, adm *pgxpool.Pool) (*pgxpool.Pool, error) {
+	if err := createSchema(ctx, adm, p.Schema, owner, time.Now()); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = p.maxConns
+	cfg.ConnConfig.RuntimeParams["search_path"] = p.Schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // drop closes p's pools and drops its schema everywhere.

@@ -96,6 +96,9 @@ CREATE TABLE IF NOT EXISTS transport_proxy_parts (
     parts  INT NOT NULL,
     digest TEXT NOT NULL
 );
+-- grown_from: while the cluster grows (harel_px_grow), the count it grew
+-- from; NULL otherwise (version 14).
+ALTER TABLE transport_proxy_parts ADD COLUMN IF NOT EXISTS grown_from INT;
 
 -- harel_px_cluster is cluster 'pgtransport' as it is: the number of its
 -- partitions (options p0, p1, ...; PL/Proxy's other spelling,
@@ -108,10 +111,20 @@ AS $$ SELECT count(*)::INT, md5(COALESCE(string_agg(o.option_value, E'\n' ORDER 
         FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
        WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$' $$;
 
--- harel_px_parts is the number of partitions, refused (22023) unless the
--- cluster is the one the proxy was checked against.
-CREATE OR REPLACE FUNCTION harel_px_parts()
-RETURNS INT
+-- harel_px_cluster_head is the digest harel_px_cluster would give the
+-- cluster's first p_n partitions alone.
+CREATE OR REPLACE FUNCTION harel_px_cluster_head(p_n INT)
+RETURNS TEXT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT md5(COALESCE(string_agg(o.option_value, E'\n' ORDER BY substr(o.option_name, 2)::INT), ''))
+        FROM pg_foreign_server AS s, pg_options_to_table(s.srvoptions) AS o
+       WHERE s.srvname = 'pgtransport' AND o.option_name ~ '^p[0-9]+$' AND substr(o.option_name, 2)::INT < p_n $$;
+
+-- harel_px_map is the number of partitions and, while the cluster grows,
+-- the number it grew from (else NULL), refused (22023) unless the cluster
+-- is the one the proxy was checked against.
+CREATE OR REPLACE FUNCTION harel_px_map(OUT parts INT, OUT grown_from INT)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
@@ -122,20 +135,27 @@ DECLARE
     v_want_d TEXT;
 BEGIN
     SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
-    SELECT p.parts, p.digest INTO v_want_n, v_want_d FROM transport_proxy_parts AS p;
+    SELECT p.parts, p.digest, p.grown_from INTO v_want_n, v_want_d, grown_from FROM transport_proxy_parts AS p;
     IF v_want_n IS NULL THEN
         RAISE EXCEPTION 'pgtransport proxy: the proxy has not been checked against cluster pgtransport'
             USING ERRCODE = '22023', HINT = 'Check it: pgtransport migrate apply --proxy, or schema.ApplyProxy.';
     ELSIF v_n IS DISTINCT FROM v_want_n THEN
         RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions, the proxy was checked with %: groups would be looked for in other partitions', v_n, v_want_n
-            USING ERRCODE = '22023', HINT = 'Changing the partition count needs the groups moved first (not built yet); put the cluster back.';
+            USING ERRCODE = '22023', HINT = 'To grow from N to 2N partitions, add the new ones and call harel_px_grow in the same transaction (docs/protocol.md, "Growing the cluster"); otherwise put the cluster back.';
     ELSIF v_digest IS DISTINCT FROM v_want_d THEN
         RAISE EXCEPTION 'pgtransport proxy: the connection strings of cluster pgtransport changed since the proxy was checked'
             USING ERRCODE = '22023', HINT = 'If each partition is still where it was (a timeout or password changed), check the proxy again: pgtransport migrate apply --proxy, or schema.ApplyProxy; it refuses a cluster whose partitions moved.';
     END IF;
-    RETURN v_n;
+    parts := v_n;
 END
 $$;
+
+-- harel_px_parts is the number of partitions, checked as harel_px_map.
+CREATE OR REPLACE FUNCTION harel_px_parts()
+RETURNS INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT m.parts FROM harel_px_map() AS m $$;
 
 -- harel_px_home is a group's hash; PL/Proxy takes its partition from it
 -- (hash & (N - 1)), once the cluster's count is checked. A NULL group goes
@@ -151,43 +171,99 @@ BEGIN
 END
 $$;
 
--- harel_px_route is p_group's partition, or every partition for NULL.
+-- harel_px_first is the partition to publish p_group's messages in
+-- first: its home, or while the cluster grows its home before it grew
+-- (the same for a group that does not move), which publishes them if the
+-- group still has something there and hands them back otherwise
+-- ("Growing" below).
+CREATE OR REPLACE FUNCTION harel_px_first(p_group TEXT)
+RETURNS INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT COALESCE(hashtext(p_group), 0) & (COALESCE(m.grown_from, m.parts) - 1) FROM harel_px_map() AS m $$;
+
+-- harel_px_of is the partition of message p_seq (seq & 1023 is the
+-- partition that numbered it, whatever the count), once the cluster's
+-- count is checked; a NULL seq goes to partition 0, which answers as a
+-- single database does.
+CREATE OR REPLACE FUNCTION harel_px_of(p_seq BIGINT)
+RETURNS INT
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT COALESCE(p_seq & 1023, 0)::INT & (m.parts - 1) FROM harel_px_map() AS m $$;
+
+-- harel_px_route is p_group's partition (while the cluster grows, both its
+-- old and its new home, for a group that moves), or every partition for
+-- NULL.
 CREATE OR REPLACE FUNCTION harel_px_route(p_group TEXT)
 RETURNS SETOF INT
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
-AS $$ SELECT hashtext(p_group) FROM harel_px_parts() WHERE p_group IS NOT NULL
-      UNION ALL
-      SELECT generate_series(0, harel_px_parts() - 1) WHERE p_group IS NULL $$;
+AS $$ SELECT DISTINCT x.p
+        FROM harel_px_map() AS m,
+             LATERAL (SELECT hashtext(p_group) & (m.parts - 1) WHERE p_group IS NOT NULL
+                      UNION ALL
+                      SELECT hashtext(p_group) & (m.grown_from - 1) WHERE p_group IS NOT NULL AND m.grown_from IS NOT NULL
+                      UNION ALL
+                      SELECT generate_series(0, m.parts - 1) WHERE p_group IS NULL) AS x(p) $$;
 
--- harel_px_partition runs the partitions' harel_px_partition on p_part.
-CREATE OR REPLACE FUNCTION harel_px_partition(p_part INT)
-RETURNS TABLE (part INT, version INT)
+-- harel_px_here runs partition p_part's harel_here.
+CREATE OR REPLACE FUNCTION harel_px_here(p_part INT, p_groups TEXT[])
+RETURNS SETOF TEXT
 LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
--- harel_px_check refuses a cluster this proxy cannot route over: no
--- partitions, a count that is not a power of two, or a partition that is
--- not the one its place names (harel_partition was not run there, or the
--- cluster lists it elsewhere: its groups would be looked for in another
--- database) or whose schema is not at p_version. It returns N.
-CREATE OR REPLACE FUNCTION harel_px_check(p_version INT)
+-- harel_px_locate is the partition that holds p_group now: its home, or
+-- while the cluster grows and the group moves, its old home if it still
+-- has anything there (harel_here), else its new one. PL/Proxy cannot run a
+-- cluster's function while routing a call to the same cluster, so the
+-- calls that need this are plain SQL that locate the group first, then
+-- call the partition it names (harel_px_on_ functions, RUN ON p_part, of
+-- which each partition has the same: PL/Proxy calls a function of the
+-- same name and arguments there).
+CREATE OR REPLACE FUNCTION harel_px_locate(p_group TEXT)
 RETURNS INT
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_h INT := COALESCE(hashtext(p_group), 0);
+    m   RECORD;
+BEGIN
+    SELECT * INTO m FROM harel_px_map();
+    IF m.grown_from IS NOT NULL AND v_h & (m.grown_from - 1) <> v_h & (m.parts - 1)
+       AND EXISTS (SELECT 1 FROM harel_px_here(v_h & (m.grown_from - 1), ARRAY[p_group])) THEN
+        RETURN v_h & (m.grown_from - 1);
+    END IF;
+    RETURN v_h & (m.parts - 1);
+END
+$$;
+
+-- harel_px_partition_map is partition p_part's harel_partition_map.
+CREATE OR REPLACE FUNCTION harel_px_partition_map(p_part INT)
+RETURNS TABLE (part INT, parts INT, grown_from INT, version INT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+-- harel_px_verify refuses (22023) a cluster of p_n partitions where
+-- partition pi is not numbered i (harel_partition was not run there, or
+-- the cluster lists it elsewhere: its groups would be looked for in
+-- another database), or its schema is not at p_version, or (p_armed) it
+-- was armed for another count than p_n.
+CREATE OR REPLACE FUNCTION harel_px_verify(p_n INT, p_version INT, p_armed BOOLEAN)
+RETURNS VOID
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_n      INT;
-    v_digest TEXT;
-    r        RECORD;
+    r RECORD;
 BEGIN
-    SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
-    IF v_n = 0 OR v_n & (v_n - 1) <> 0 THEN
-        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions; it needs a power of two (a foreign server pgtransport of the plproxy wrapper, options p0, p1, ...)', v_n
-            USING ERRCODE = '22023';
-    END IF;
-    FOR i IN 0 .. v_n - 1 LOOP
-        SELECT * INTO r FROM harel_px_partition(i);
+    FOR i IN 0 .. p_n - 1 LOOP
+        SELECT * INTO r FROM harel_px_partition_map(i);
+        IF p_armed AND r.parts <> p_n THEN
+            RAISE EXCEPTION 'pgtransport proxy: partition p% was armed for a cluster of % partitions, not %', i, r.parts, p_n
+                USING ERRCODE = '22023';
+        END IF;
         IF r.part IS DISTINCT FROM i THEN
             RAISE EXCEPTION 'pgtransport proxy: the cluster''s partition p% is %', i,
                   CASE WHEN r.part IS NULL THEN format('not numbered (run harel_partition(%s) there)', i)
@@ -199,6 +275,38 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
     END LOOP;
+END
+$$;
+
+-- harel_px_check refuses a cluster this proxy cannot route over: no
+-- partitions, a count that is not a power of two, a count other than the
+-- one checked before (groups would be looked for in other partitions:
+-- harel_px_grow grows a cluster) or than a partition was armed for
+-- (harel_grow), or a partition that is not the one its place names
+-- (harel_partition was not run there, or the cluster lists it elsewhere:
+-- its groups would be looked for in another database) or whose schema is
+-- not at p_version. It returns N.
+CREATE OR REPLACE FUNCTION harel_px_check(p_version INT)
+RETURNS INT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n      INT;
+    v_was    INT;
+    v_digest TEXT;
+BEGIN
+    SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
+    IF v_n = 0 OR v_n & (v_n - 1) <> 0 THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions; it needs a power of two (a foreign server pgtransport of the plproxy wrapper, options p0, p1, ...)', v_n
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT p.parts INTO v_was FROM transport_proxy_parts AS p;
+    IF v_was <> v_n THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions, the proxy was checked with %: groups would be looked for in other partitions', v_n, v_was
+            USING ERRCODE = '22023', HINT = 'Growing to twice as many is harel_px_grow, in the transaction that adds them (docs/protocol.md, "Growing the cluster").';
+    END IF;
+    PERFORM harel_px_verify(v_n, p_version, true);
     INSERT INTO transport_proxy_parts (parts, digest) VALUES (v_n, v_digest)
         ON CONFLICT (id) DO UPDATE SET parts = EXCLUDED.parts, digest = EXCLUDED.digest;
     RETURN v_n;
@@ -213,62 +321,264 @@ LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 AS $$ SELECT generate_series(0, harel_px_parts() - 1) $$;
 
--- The calls that name one group: run on its partition.
+-- Growing (version 14): from N partitions to 2N, each partition i split
+-- with new partition i + N (functions.sql, "Growing", says how a moving
+-- group drains in place and how the partitions fence it). In one
+-- transaction on this database:
+--   BEGIN;
+--   ALTER SERVER pgtransport OPTIONS (ADD pN '...', ..., ADD p2N-1 '...');
+--   SELECT harel_px_grow(<schema version>);
+--   COMMIT;
+-- the new partitions holding the queue at that version, numbered N to
+-- 2N - 1 (harel_partition), empty. harel_px_grow arms every partition
+-- (harel_grow, each committed on its own: the new ones first, then the
+-- old, whose fence waits for their publishes in flight) and then records
+-- the new count and the count it grew from, which makes this proxy route
+-- moving groups (harel_px_first, harel_px_locate) until harel_px_grown,
+-- run once no partition holds anything of a group whose home is another
+-- (it refuses until then, with what remains), ends the growth. If the
+-- transaction fails after arming, partitions are armed and this proxy is
+-- not: run it again (it is idempotent); meanwhile publishes of moving
+-- groups that have nothing in their old home are refused (PT010).
+
+-- harel_px_arm, harel_px_strays and harel_px_settle run partition
+-- p_part's harel_grow, harel_strays and harel_grown.
+CREATE OR REPLACE FUNCTION harel_px_arm(p_part INT, p_from INT, p_to INT)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+CREATE OR REPLACE FUNCTION harel_px_strays(p_part INT)
+RETURNS TABLE (groups BIGINT, dead_letters BIGINT, kept_states BIGINT, dedup_keys BIGINT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+CREATE OR REPLACE FUNCTION harel_px_settle(p_part INT)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+-- harel_px_grow grows the cluster this proxy was checked with (N
+-- partitions) to the 2N cluster pgtransport now lists, and returns 2N.
+-- Refused (22023), before anything is armed: a cluster that is not twice
+-- the checked one, or whose first N connection strings changed; a
+-- partition not numbered by its place or not at p_version; a proxy still
+-- growing from an earlier count (harel_px_grown first). Run again after
+-- it succeeded, it returns 2N and changes nothing.
+CREATE OR REPLACE FUNCTION harel_px_grow(p_version INT)
+RETURNS INT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_n      INT;
+    v_digest TEXT;
+    v_was    RECORD;
+BEGIN
+    SELECT p.parts, p.digest, p.grown_from INTO v_was FROM transport_proxy_parts AS p FOR UPDATE;
+    SELECT c.parts, c.digest INTO v_n, v_digest FROM harel_px_cluster() AS c;
+    IF v_was.parts IS NULL THEN
+        RAISE EXCEPTION 'pgtransport proxy: the proxy has not been checked against cluster pgtransport'
+            USING ERRCODE = '22023', HINT = 'Check it first: pgtransport migrate apply --proxy, or schema.ApplyProxy.';
+    ELSIF v_was.grown_from IS NOT NULL AND v_n = v_was.parts AND v_digest = v_was.digest THEN
+        RETURN v_n;  -- grown already
+    ELSIF v_was.grown_from IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtransport proxy: the cluster is still growing from % to % partitions', v_was.grown_from, v_was.parts
+            USING ERRCODE = '22023', HINT = 'Finish that first: harel_px_grown().';
+    ELSIF v_n <> 2 * v_was.parts OR v_n > 1024 THEN
+        RAISE EXCEPTION 'pgtransport proxy: cluster pgtransport has % partitions; growing from % needs %', v_n, v_was.parts, 2 * v_was.parts
+            USING ERRCODE = '22023', HINT = 'ALTER SERVER pgtransport OPTIONS (ADD pN ''...'', ...) in the same transaction, one per new partition.';
+    ELSIF harel_px_cluster_head(v_was.parts) <> v_was.digest THEN
+        RAISE EXCEPTION 'pgtransport proxy: the connection strings of the cluster''s first % partitions changed since the proxy was checked', v_was.parts
+            USING ERRCODE = '22023', HINT = 'Growing adds partitions after the old ones and changes none of them.';
+    END IF;
+    PERFORM harel_px_verify(v_n, p_version, false);  -- each harel_grow checks its own counts
+    FOR i IN 0 .. v_n - 1 LOOP
+        PERFORM harel_px_arm((i + v_was.parts) % v_n, v_was.parts, v_n);  -- the new partitions first
+    END LOOP;
+    UPDATE transport_proxy_parts SET parts = v_n, digest = v_digest, grown_from = v_was.parts;
+    RETURN v_n;
+END
+$$;
+
+-- harel_px_grown ends a growth: refused (55000) while any partition holds
+-- something of a group whose home is another partition (its counts in
+-- the error), else every partition and this proxy forget the count they
+-- grew from, and the proxy routes every group to its home directly.
+-- Returns the partition count; without a growth under way it changes
+-- nothing.
+CREATE OR REPLACE FUNCTION harel_px_grown()
+RETURNS INT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    m      RECORD;
+    s      RECORD;
+    v_left TEXT[];
+BEGIN
+    SELECT * INTO m FROM harel_px_map();
+    IF m.grown_from IS NULL THEN
+        RETURN m.parts;
+    END IF;
+    FOR i IN 0 .. m.parts - 1 LOOP
+        SELECT * INTO s FROM harel_px_strays(i);
+        IF s.groups + s.dead_letters + s.kept_states + s.dedup_keys > 0 THEN
+            v_left := v_left || format('p%s: %s groups, %s dead letters, %s kept states, %s dedup keys',
+                                       i, s.groups, s.dead_letters, s.kept_states, s.dedup_keys);
+        END IF;
+    END LOOP;
+    IF v_left IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtransport proxy: moving groups still hold %', array_to_string(v_left, '; ')
+            USING ERRCODE = '55000',
+                  HINT = 'Rows drain as their messages are handled; kept states and keys expire; dead letters wait for a redrive (which drains them in place) or a purge.';
+    END IF;
+    FOR i IN 0 .. m.parts - 1 LOOP
+        PERFORM harel_px_settle(i);
+    END LOOP;
+    UPDATE transport_proxy_parts SET grown_from = NULL;
+    RETURN m.parts;
+END
+$$;
+
+-- The calls that name one group or one message. A lease's calls that
+-- name its message (ack, fail) run on the message's partition
+-- (harel_px_of); the others locate the group (harel_px_locate), which is
+-- its home but while a moving group still has something in its old home.
+-- A publish goes to harel_px_first and, handed back, to the group's home.
+
+-- harel_px_publish_here runs partition p_part's: the seq, or (not
+-- p_strict) NULL for a moving group that has nothing left there.
+CREATE OR REPLACE FUNCTION harel_px_publish_here(p_part INT, p_group TEXT, p_event TEXT, p_priority INT, p_strict BOOLEAN)
+RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_publish(p_group TEXT, p_event TEXT, p_priority INT DEFAULT 0)
-RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BIGINT
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT COALESCE(harel_px_publish_here(harel_px_first(p_group), p_group, p_event, p_priority, false),
+                      harel_px_publish_here(harel_px_home(p_group), p_group, p_event, p_priority, true)) $$;
 
 CREATE OR REPLACE FUNCTION harel_ack(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION)
 RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
-
-CREATE OR REPLACE FUNCTION harel_nack(p_group TEXT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
-
-CREATE OR REPLACE FUNCTION harel_extend(p_group TEXT, p_token TEXT, p_lease DOUBLE PRECISION)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
-
-CREATE OR REPLACE FUNCTION harel_release(p_group TEXT, p_token TEXT)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_of(p_seq); $$;
 
 CREATE OR REPLACE FUNCTION harel_fail(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION, p_error TEXT)
 RETURNS TEXT LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_of(p_seq); $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_nack(p_part INT, p_group TEXT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+CREATE OR REPLACE FUNCTION harel_nack(p_group TEXT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_nack(harel_px_locate(p_group), p_group, p_token, p_now, p_delay) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_extend(p_part INT, p_group TEXT, p_token TEXT, p_lease DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+CREATE OR REPLACE FUNCTION harel_extend(p_group TEXT, p_token TEXT, p_lease DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_extend(harel_px_locate(p_group), p_group, p_token, p_lease) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_release(p_part INT, p_group TEXT, p_token TEXT)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
+
+CREATE OR REPLACE FUNCTION harel_release(p_group TEXT, p_token TEXT)
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_release(harel_px_locate(p_group), p_group, p_token) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_restart_group(p_part INT, p_group TEXT, p_skip_head BOOLEAN)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_restart_group(p_group TEXT, p_skip_head BOOLEAN)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_restart_group(harel_px_locate(p_group), p_group, p_skip_head) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_state(p_part INT, p_group TEXT)
+RETURNS BYTEA
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_state(p_group TEXT)
-RETURNS BYTEA LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BYTEA
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_state(harel_px_locate(p_group), p_group) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_group(p_part INT, p_now DOUBLE PRECISION, p_group TEXT)
+RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_group(p_now DOUBLE PRECISION, p_group TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
                until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT * FROM harel_px_on_group(harel_px_locate(p_group), p_now, p_group) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_peek(p_part INT, p_group TEXT, p_after BIGINT, p_limit INT)
+RETURNS TABLE (seq BIGINT, event TEXT, published_at TIMESTAMPTZ, last_error TEXT)
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_peek(p_group TEXT, p_after BIGINT, p_limit INT)
 RETURNS TABLE (seq BIGINT, event TEXT, published_at TIMESTAMPTZ, last_error TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT * FROM harel_px_on_peek(harel_px_locate(p_group), p_group, p_after, p_limit) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_pause_group(p_part INT, p_group TEXT)
+RETURNS BOOLEAN
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_pause_group(p_group TEXT)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_pause_group(harel_px_locate(p_group), p_group) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_resume_group(p_part INT, p_group TEXT)
+RETURNS BOOLEAN
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_resume_group(p_group TEXT)
-RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BOOLEAN
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_resume_group(harel_px_locate(p_group), p_group) $$;
+
+CREATE OR REPLACE FUNCTION harel_px_on_purge_group(p_part INT, p_group TEXT, p_now DOUBLE PRECISION, p_limit INT)
+RETURNS BIGINT
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_purge_group(p_group TEXT, p_now DOUBLE PRECISION, p_limit INT)
-RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_home(p_group); $$;
+RETURNS BIGINT
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT harel_px_on_purge_group(harel_px_locate(p_group), p_group, p_now, p_limit) $$;
 
 -- Claims: the partitions in turn, from a random one, until one leases.
 
@@ -355,12 +665,50 @@ AS $$ SELECT c.group_id, c.seq, c.event FROM harel_px_claims(p_now, p_lease, p_t
 -- Batches: split by group, run on their partitions at once (PL/Proxy's
 -- SPLIT), back in input order (p_ords).
 
--- harel_px_publish_many runs the partitions' harel_px_publish_many.
+-- harel_px_publish_many runs the partitions' harel_px_publish_many, each
+-- group's messages on harel_px_first's partition; harel_px_publish_home
+-- runs theirs (a strict publish, which hands nothing back) on each
+-- group's home.
 CREATE OR REPLACE FUNCTION harel_px_publish_many(
     p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_first(p_groups); $$;
+
+CREATE OR REPLACE FUNCTION harel_px_publish_home(
+    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+RETURNS TABLE (ord INT, seq BIGINT)
+LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_home(p_groups); $$;
+
+-- harel_px_publish publishes a batch (p_ords 1 to n): first where
+-- harel_px_first says, then the messages handed back (their groups moved
+-- while the cluster grows) in their groups' new homes. Rows in no order.
+CREATE OR REPLACE FUNCTION harel_px_publish(
+    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+RETURNS TABLE (ord INT, seq BIGINT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_ords INT[];
+    v_seqs BIGINT[];
+    v_back INT[];
+BEGIN
+    SELECT array_agg(r.ord), array_agg(r.seq) INTO v_ords, v_seqs
+      FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, cardinality(p_groups))), p_groups, p_events,
+                                 p_priorities, p_keys, p_window) AS r;
+    RETURN QUERY SELECT u.o, u.s FROM unnest(v_ords, v_seqs) AS u(o, s) WHERE u.s IS NOT NULL;
+    SELECT array_agg(u.o ORDER BY u.o) INTO v_back FROM unnest(v_ords, v_seqs) AS u(o, s) WHERE u.s IS NULL;
+    IF v_back IS NOT NULL THEN
+        RETURN QUERY SELECT r.ord, r.seq
+                       FROM harel_px_publish_home(v_back, ARRAY(SELECT p_groups[o] FROM unnest(v_back) AS o),
+                                                  ARRAY(SELECT p_events[o] FROM unnest(v_back) AS o),
+                                                  ARRAY(SELECT p_priorities[o] FROM unnest(v_back) AS o),
+                                                  ARRAY(SELECT p_keys[o] FROM unnest(v_back) AS o), p_window) AS r;
+    END IF;
+END
+$$;
 
 -- harel_px_split_check refuses arrays of different lengths as the
 -- partitions would (SPLIT needs them equal too): a NULL array's length is
@@ -430,8 +778,7 @@ BEGIN
     END IF;
     PERFORM harel_px_publish_check('harel_publish_many', p_groups, p_events, p_priorities, NULL);
     RETURN QUERY SELECT r.seq
-                   FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
-                                              array_fill(NULL::TEXT, ARRAY[v_n]), NULL) AS r
+                   FROM harel_px_publish(p_groups, p_events, p_priorities, array_fill(NULL::TEXT, ARRAY[v_n]), NULL) AS r
                   ORDER BY r.ord;
 END
 $$;
@@ -457,8 +804,7 @@ BEGIN
     -- The partition tells a keyed batch from a plain one by p_window,
     -- never NULL here: a batch whose keys are all NULL stays keyed.
     RETURN QUERY SELECT r.seq
-                   FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, v_n)), p_groups, p_events, p_priorities,
-                                              p_keys, p_window) AS r
+                   FROM harel_px_publish(p_groups, p_events, p_priorities, p_keys, p_window) AS r
                   ORDER BY r.ord;
 END
 $$;
@@ -469,7 +815,7 @@ CREATE OR REPLACE FUNCTION harel_px_ack_many(
     p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION)
 RETURNS TABLE (ord INT, group_id TEXT, held BOOLEAN, next_seq BIGINT, next_event TEXT)
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens, p_keep; RUN ON harel_px_home(p_groups); $$;
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens, p_keep; RUN ON harel_px_of(p_seqs); $$;
 
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_keep BOOLEAN[], p_now DOUBLE PRECISION, p_lease DOUBLE PRECISION)
@@ -497,7 +843,7 @@ CREATE OR REPLACE FUNCTION harel_px_extend_many(
     p_ords INT[], p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_lease DOUBLE PRECISION)
 RETURNS TABLE (ord INT, group_id TEXT, held BOOLEAN)
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens; RUN ON harel_px_home(p_groups); $$;
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_seqs, p_tokens; RUN ON harel_px_of(p_seqs); $$;
 
 CREATE OR REPLACE FUNCTION harel_extend_many(
     p_groups TEXT[], p_seqs BIGINT[], p_tokens TEXT[], p_lease DOUBLE PRECISION)
