@@ -190,8 +190,9 @@ func (c *Cluster) PublishMessage(ctx context.Context, msg pgtransport.Message) (
 // partition that holds group (Locate), else ErrInvalidConfig and nothing
 // is written. While the cluster grows, a moving group's old partition
 // takes the transaction as it is, and its fence refuses the message with
-// ErrGroupMoved if the group has left (roll back, and retry where Locate
-// says).
+// ErrGroupMoved if the group has left (roll back, and retry in its Home);
+// its Home takes it once the old partition's fence says the group has
+// left (a round-trip there), else ErrInvalidConfig.
 func (c *Cluster) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
 	return c.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }

@@ -500,15 +500,28 @@ const giveBackTimeout = 5 * time.Second
 // Here is those of groups that have anything in this database (a row,
 // a message, a dead letter, a kept state, a dedup key in its window): a
 // Cluster's locate of a moving group while the cluster grows. It decides
-// nothing; the partition's fence does.
+// nothing: the partition's fence does, and Left asks it.
 func (c *Core) Here(ctx context.Context, groups []string) ([]string, error) {
-	rows, err := c.db.Query(ctx, c.q.here, groups)
+	return c.groups(ctx, c.q.here, groups)
+}
+
+// Left is those of groups whose home is another partition and that have
+// left this one, as its fence decides (under its locks, in a statement of
+// its own): they never come back, so they may be published in their new
+// home from then on.
+func (c *Core) Left(ctx context.Context, groups []string) ([]string, error) {
+	return c.groups(ctx, c.q.left, groups)
+}
+
+// groups runs sql, a query of $1's groups that returns some of them.
+func (c *Core) groups(ctx context.Context, sql string, groups []string) ([]string, error) {
+	rows, err := c.db.Query(ctx, sql, groups)
 	if err != nil {
 		return nil, mapErr("locate", err)
 	}
-	here, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, mapErr("locate", err)
 	}
-	return here, nil
+	return out, nil
 }

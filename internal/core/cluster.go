@@ -822,8 +822,9 @@ func (cl *Cluster) CheckTx(ctx context.Context, tx pgx.Tx, i int, pre error) err
 // CheckPublishTx is CheckTx for a publish of group in tx, and returns the
 // partition to publish on. A moving group's old home takes the
 // transaction as it is: its fence refuses the message (ErrGroupMoved) if
-// the group has left. Anywhere else tx must be where Locate finds the
-// group.
+// the group has left. Its new home takes it once the old one's fence says
+// the group has left (Core.Left: a decision that holds, where Locate's
+// look does not).
 func (cl *Cluster) CheckPublishTx(ctx context.Context, tx pgx.Tx, group string, pre error) (int, error) {
 	if pre != nil || !cl.Moves(group) || tx == nil {
 		i := cl.Home(group)
@@ -833,17 +834,21 @@ func (cl *Cluster) CheckPublishTx(ctx context.Context, tx pgx.Tx, group string, 
 	if err != nil {
 		return 0, err
 	}
-	if p == cl.first(group) {
+	old := cl.first(group)
+	if p == old {
 		return p, nil
 	}
-	i, err := cl.Locate(ctx, group)
+	left, err := cl.parts[old].Left(ctx, []string{group})
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("partition %d: %w", old, err)
 	}
-	if p != i {
-		return 0, notOn(i)
+	if len(left) == 0 {
+		return 0, notOn(old)
 	}
-	return i, nil
+	if home := cl.Home(group); p != home {
+		return 0, notOn(home)
+	}
+	return p, nil
 }
 
 // notOn is the refusal of a transaction that is not on partition i.

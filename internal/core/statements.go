@@ -32,6 +32,10 @@ const (
 	// partition (a Cluster's locate while the cluster grows).
 	hereSQL = `SELECT g FROM {s}harel_here($1::text[]) AS g`
 
+	// leftSQL is those of $1's groups that have left this partition, as
+	// its fence decides (a PublishTx's check while the cluster grows).
+	leftSQL = `SELECT g FROM {s}harel_left($1::text[]) AS g`
+
 	// publishHereSQL is publishKeyedSQL (plain with $6 NULL) that publishes
 	// only the groups that may stay in this partition, each seq beside its
 	// input's place $1; NULL for a group that moved (a grown cluster).
@@ -149,7 +153,7 @@ const (
 // statements are the SQL texts bound to one schema.
 type statements struct {
 	partition, partitionTable            string
-	here, publishHere                    string
+	here, left, publishHere              string
 	publish, claim, ack, nack, extend    string
 	extendMany, ackClaim                 string
 	claimInTx, fail, release             string
@@ -215,6 +219,7 @@ func newStatements(schema string, clock bool) statements {
 		partition:      bind(partitionSQL),
 		partitionTable: bind("{s}transport_partition"),
 		here:           bind(hereSQL),
+		left:           bind(leftSQL),
 		publishHere:    bind(publishHereSQL),
 	}
 }

@@ -1941,30 +1941,34 @@ DECLARE
     v_pubs   TIMESTAMPTZ[];
     v_parts  INT;
     v_part   INT;
+    v_sel    BIGINT[];
 BEGIN
     -- In a grown cluster ("Growing"), a group whose home is another
     -- partition and that has only its dead letters here is redriven here
     -- (it drains in place): decided while they still keep it here
     -- (harel_stays, which also takes the guard), its row is written
     -- before they go, so the messages' fence finds it.
-    SELECT p.parts, p.part INTO v_parts, v_part FROM transport_partition AS p;
+    SELECT m.parts, m.part INTO v_parts, v_part FROM harel_armed() AS m;
     IF v_parts IS NOT NULL THEN
-        PERFORM harel_stays(x.g, v_parts, v_part)
-           FROM (SELECT DISTINCT d.group_id AS g FROM transport_dead_letters AS d
-                  WHERE (p_group IS NULL OR d.group_id = p_group) AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
-                    AND hashtext(d.group_id) & (v_parts - 1) <> v_part
-                  ORDER BY 1) AS x;
+        -- The dead letters redriven, locked once: what is decided on them
+        -- is what is deleted below.
+        v_sel := ARRAY(SELECT d.seq FROM transport_dead_letters AS d
+                        WHERE (p_group IS NULL OR d.group_id = p_group) AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
+                        ORDER BY d.seq FOR UPDATE);
         INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
         SELECT DISTINCT ON (d.group_id) d.group_id, NULL, NULL, d.priority
           FROM transport_dead_letters AS d
-         WHERE (p_group IS NULL OR d.group_id = p_group) AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
-           AND hashtext(d.group_id) & (v_parts - 1) <> v_part
+         WHERE d.seq = ANY (v_sel) AND hashtext(d.group_id) & (v_parts - 1) <> v_part
+           AND d.group_id IN (SELECT x.g FROM (SELECT DISTINCT e.group_id AS g FROM transport_dead_letters AS e
+                                                WHERE e.seq = ANY (v_sel) ORDER BY 1) AS x
+                               WHERE harel_stays(x.g, v_parts, v_part))
          ORDER BY d.group_id, d.seq
         ON CONFLICT (group_id) DO NOTHING;
     END IF;
     WITH moved AS (
         DELETE FROM transport_dead_letters AS d
-         WHERE (p_group IS NULL OR d.group_id = p_group)
+         WHERE (v_parts IS NULL OR d.seq = ANY (v_sel))
+           AND (p_group IS NULL OR d.group_id = p_group)
            AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
         RETURNING d.seq, d.group_id, d.event, d.priority, d.published_at
     )
@@ -3345,16 +3349,11 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    v_parts INT;
-    v_part  INT;
-    v_gone  TEXT[];
+    v_gone TEXT[];
 BEGIN
-    SELECT p.parts, p.part INTO v_parts, v_part FROM transport_partition AS p;
-    IF v_parts IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_groups) AS g WHERE hashtext(g) & (v_parts - 1) <> v_part) THEN
-        SELECT array_agg(d.g) INTO v_gone
-          FROM (SELECT DISTINCT g FROM unnest(p_groups) AS g WHERE g IS NOT NULL ORDER BY g) AS d
-         WHERE NOT harel_stays(d.g, v_parts, v_part);
-        IF v_gone IS NOT NULL THEN
+    v_gone := ARRAY(SELECT harel_left(p_groups));
+    IF cardinality(v_gone) > 0 THEN
+        BEGIN
             RETURN QUERY SELECT p_ords[u.n]::INT, NULL::BIGINT
                            FROM unnest(p_groups) WITH ORDINALITY AS u(g, n) WHERE u.g = ANY (v_gone);
             SELECT array_agg(p_ords[n] ORDER BY n), array_agg(p_groups[n] ORDER BY n), array_agg(p_events[n] ORDER BY n),
@@ -3365,7 +3364,7 @@ BEGIN
             IF p_groups IS NULL THEN
                 RETURN;
             END IF;
-        END IF;
+        END;
     END IF;
     IF p_window IS NULL THEN
         RETURN QUERY SELECT p_ords[r.n]::INT, r.s
@@ -3389,15 +3388,9 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$
-DECLARE
-    v_parts INT;
-    v_part  INT;
 BEGIN
-    IF NOT p_strict THEN
-        SELECT p.parts, p.part INTO v_parts, v_part FROM transport_partition AS p;
-        IF NOT harel_stays(p_group, v_parts, v_part) THEN
-            RETURN NULL;
-        END IF;
+    IF NOT p_strict AND EXISTS (SELECT 1 FROM harel_left(ARRAY[p_group])) THEN
+        RETURN NULL;
     END IF;
     RETURN harel_publish(p_group, p_event, p_priority);
 END
@@ -3678,6 +3671,51 @@ BEGIN
 END
 $$;
 
+-- harel_armed is this partition's count and number once nothing can arm
+-- it or end its growth under the caller: it takes the messages table's
+-- ROW EXCLUSIVE lock first (as any insert does), which harel_grow's
+-- trigger and harel_grown's count wait for, so a decision made on what it
+-- reads holds until the caller's transaction ends. parts is NULL on a
+-- partition never armed.
+CREATE OR REPLACE FUNCTION harel_armed(OUT parts INT, OUT part INT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    LOCK TABLE transport_messages IN ROW EXCLUSIVE MODE;
+    SELECT p.parts, p.part INTO parts, part FROM transport_partition AS p;
+END
+$$;
+
+-- harel_left is those of p_groups whose home is another partition and
+-- that have nothing left here, decided as the fence decides (harel_stays,
+-- in group order): a router may publish them in their new home from then
+-- on. Nothing on a partition never armed.
+CREATE OR REPLACE FUNCTION harel_left(p_groups TEXT[])
+RETURNS SETOF TEXT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    m RECORD;
+BEGIN
+    SELECT * INTO m FROM harel_armed();
+    IF m.parts IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT d.g
+                   FROM (SELECT DISTINCT g FROM unnest(p_groups) AS g
+                          WHERE g IS NOT NULL AND hashtext(g) & (m.parts - 1) <> m.part ORDER BY g) AS d
+                  WHERE NOT harel_stays(d.g, m.parts, m.part);
+END
+$$;
+
 -- harel_fence refuses (harel_moved) a publish of p_groups in which a
 -- group whose home is another partition has nothing left here, deciding
 -- each such group in group order; nothing when this partition is not
@@ -3692,21 +3730,13 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    v_parts INT;
-    v_part  INT;
-    v_gone  TEXT;
+    v_gone TEXT;
+    m      RECORD;
 BEGIN
-    SELECT p.parts, p.part INTO v_parts, v_part FROM transport_partition AS p;
-    IF v_parts IS NULL THEN
-        RETURN;
-    END IF;
-    SELECT d.g INTO v_gone
-      FROM (SELECT DISTINCT g FROM unnest(p_groups) AS g
-             WHERE g IS NOT NULL AND hashtext(g) & (v_parts - 1) <> v_part ORDER BY g) AS d
-     WHERE NOT harel_stays(d.g, v_parts, v_part)
-     LIMIT 1;
+    SELECT l INTO v_gone FROM harel_left(p_groups) AS l LIMIT 1;
     IF v_gone IS NOT NULL THEN
-        PERFORM harel_moved(v_gone, v_parts, v_part);
+        SELECT * INTO m FROM harel_armed();
+        PERFORM harel_moved(v_gone, m.parts, m.part);
     END IF;
 END
 $$;
@@ -3779,6 +3809,9 @@ BEGIN
         RAISE EXCEPTION 'harel_grow: partition % is new in a cluster of % and must be empty', r.part, p_to USING ERRCODE = '22023';
     END IF;
     UPDATE transport_partition SET parts = p_to, grown_from = p_from;
+    -- Making the trigger waits for the inserts in flight, and every later
+    -- insert waits for it: at most 5 s, then run it again.
+    PERFORM set_config('lock_timeout', '5s', true);
     -- A trigger made for another count is replaced, which takes an
     -- exclusive lock on the messages table (claims wait for every open
     -- transaction on it to end); the first is only created.
@@ -3830,7 +3863,9 @@ AS $$
 DECLARE
     s RECORD;
 BEGIN
-    -- Publishes in flight, accepted by what has expired since, end first.
+    -- Publishes in flight, accepted by what has expired since, end first
+    -- (every later insert waits meanwhile: at most 5 s, then try again).
+    PERFORM set_config('lock_timeout', '5s', true);
     LOCK TABLE transport_messages IN SHARE MODE;
     SELECT * INTO s FROM harel_strays();
     IF s.groups + s.dead_letters + s.kept_states + s.dedup_keys > 0 THEN
