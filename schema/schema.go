@@ -338,8 +338,8 @@ var ErrNotGrown = errors.New("schema: moving groups remain in their old partitio
 // every partition, arms each (its fence: harel_grow, needs the schema's
 // owner there, committed on each partition on its own) and records 2N and
 // the count it grew from. With no partitions it only calls harel_px_grow:
-// for a cluster altered by hand in the same transaction, or to finish a
-// Grow that armed the partitions but failed to commit. It returns 2N.
+// for a cluster whose ALTER SERVER an operator committed by hand (every
+// call through the proxy is refused until then). It returns 2N.
 // What would route wrongly is ErrInvalidConfig, with the proxy's reason.
 // Clients opened before keep working but are refused (ErrGroupMoved) a
 // publish of a moving group that has left its old partition: reopen them.
@@ -347,6 +347,14 @@ func Grow(ctx context.Context, db Beginner, name string, partitions []string) (i
 	var n int
 	err := inSchema(ctx, db, name, func(tx pgx.Tx) error {
 		if len(partitions) > 0 {
+			var n *int
+			if err := tx.QueryRow(ctx, `SELECT (SELECT parts FROM transport_proxy_parts)`).Scan(&n); err != nil {
+				return fmt.Errorf("schema: grow: %w", err)
+			}
+			if n != nil && len(partitions) != *n {
+				return fmt.Errorf("schema: %w: the cluster has %d partitions: growing it needs %d new partitions' connection strings (p%d to p%d), not %d",
+					pgtransport.ErrInvalidConfig, *n, *n, *n, 2**n-1, len(partitions))
+			}
 			var alter string
 			if err := tx.QueryRow(ctx, `
 				SELECT COALESCE('ALTER SERVER pgtransport OPTIONS ('

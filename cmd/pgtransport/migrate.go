@@ -22,7 +22,8 @@ func (a *app) migrateCmd() *cobra.Command {
   migrate sql          print the whole SQL script, for your own migration tool
   migrate apply        create or upgrade the schema (idempotent, one transaction)
   migrate version      print the version recorded in the database and this command's
-  migrate grants ROLE  print the GRANT statements that let ROLE work the queue`,
+  migrate grants ROLE  print the GRANT statements that let ROLE work the queue
+  migrate grow CONN... grow a partitioned queue from N to 2N partitions (on its proxy)`,
 		Args: a.exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
@@ -245,8 +246,11 @@ letters wait for a redrive or a purge.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			if finish && len(args) > 0 {
+			switch {
+			case finish && len(args) > 0:
 				return usageErrorf("--finish takes no partitions")
+			case !finish && len(args) == 0:
+				return usageErrorf("grow needs the new partitions' connection strings, as many as the cluster has now (or --finish)")
 			}
 			pool, err := a.connect(ctx)
 			if err != nil {
@@ -264,7 +268,7 @@ letters wait for a redrive or a purge.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: growing to %d partitions; moving groups drain in their old ones (grow --finish ends it)\n", a.schemaLabel(), n)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: growing from %d to %d partitions; moving groups drain in their old ones (grow --finish ends it once they have)\n", a.schemaLabel(), n/2, n)
 			return nil
 		},
 	}

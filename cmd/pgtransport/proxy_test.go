@@ -112,7 +112,7 @@ func TestMigrateGrow(t *testing.T) {
 	added, err := p.Prepare(context.Background())
 	is.NoErr(err)
 	out := h.ok("", append([]string{"migrate", "grow"}, added...)...).stdout
-	is.True(strings.Contains(out, "growing to 4 partitions"))
+	is.True(strings.Contains(out, "growing from 2 to 4 partitions"))
 	h.fails(1, "", []string{"migrate", "grow", "--finish"}, "moving groups still hold")
 	for { // handle every message, through the proxy
 		var g string
@@ -125,5 +125,6 @@ func TestMigrateGrow(t *testing.T) {
 		is.NoErr(err)
 	}
 	is.True(strings.Contains(h.ok("", "migrate", "grow", "--finish").stdout, "4 partitions"))
-	h.fails(2, "", []string{"migrate", "grow"}, "growing from 4 needs 8")
+	h.fails(2, "", []string{"migrate", "grow"}, "connection strings")
+	h.fails(2, "", []string{"migrate", "grow", "host=x"}, "needs 4 new partitions")
 }

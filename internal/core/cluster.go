@@ -131,10 +131,6 @@ func (cl *Cluster) Part(i int) *Core { return cl.parts[i] }
 // in its old home: Locate.
 func (cl *Cluster) Home(group string) int { return int(Hashtext(group)) & (len(cl.parts) - 1) }
 
-// GrownFrom is the partition count the cluster grew from while it grows,
-// 0 otherwise.
-func (cl *Cluster) GrownFrom() int { return cl.from }
-
 // first is the partition a publish of group tries first: its home, or
 // while the cluster grows its home before (the same for a group that does
 // not move).
