@@ -10,13 +10,16 @@
 -- schema (schema.Apply) in a schema of the same name as this one, and has
 -- been numbered with harel_partition(i), i its place in the cluster.
 --
--- Routing. A group lives in partition hashtext(group_id) & (N - 1), so
+-- Routing. A group lives in partition hashtext(group_id) & (N - 1) (while
+-- the cluster grows, perhaps still in its old one: "Growing" below), so
 -- every call that names a group runs there, in one transaction of that
 -- partition: order, one holder and the fences stay inside one database.
 -- Those calls are PL/Proxy functions of the protocol's own names, which
--- call the function of the same name and schema on the partition. The
--- calls that name no group are plpgsql here, and reach the partitions
--- through harel_px_ functions (the partitions' harel_px_ functions, in
+-- call the function of the same name and schema on the partition (acks
+-- and fails, by seq), or plain SQL that locates the group first (the
+-- others, "The calls that name one group or one message"). The calls
+-- that name no group are plpgsql here, and reach the partitions through
+-- harel_px_ functions (the partitions' harel_px_ functions, in
 -- functions.sql, "Partitions"):
 --   claims (harel_claim, harel_claim_one, harel_claim_many,
 --     harel_claim_leases) ask the partitions in turn from a random one
