@@ -141,18 +141,26 @@ func (cl *Cluster) first(group string) int {
 	return int(Hashtext(group)) & (cl.from - 1)
 }
 
-// Moves reports whether the cluster grows and group's home changed: its
-// calls then locate it first (Locate), and its publishes try its old home
-// first.
-func (cl *Cluster) Moves(group string) bool { return cl.first(group) != cl.Home(group) }
+// Moves reports whether the cluster grows and group, a valid group id,
+// is one whose home changed: its calls then locate it first (Locate), and
+// its publishes try its old home first. An invalid id never moves, so
+// its call goes to its Home, which refuses it (ErrInvalidGroup) before
+// anything is sent.
+func (cl *Cluster) Moves(group string) bool {
+	return cl.first(group) != cl.Home(group) && checkGroup(group) == nil
+}
 
 // Locate is the partition that holds group now: Home, but while the
 // cluster grows and the group moves, its old home as long as it has
 // anything there (a message, a lease, a dead letter, a kept state, a
 // dedup key), which takes a round-trip to that partition. A group found
 // in its new home stays there; one found in its old home may leave it as
-// soon as its last message is acked.
+// soon as its last message is acked. An invalid group id is
+// ErrInvalidGroup, with nothing sent.
 func (cl *Cluster) Locate(ctx context.Context, group string) (int, error) {
+	if err := checkGroup(group); err != nil {
+		return 0, fmt.Errorf("locate: %w", err)
+	}
 	home, old := cl.Home(group), cl.first(group)
 	if old == home {
 		return home, nil

@@ -166,6 +166,14 @@ func TestClusterGrows(t *testing.T) {
 	if grownCl.Partitions() != 4 {
 		t.Fatalf("the grown cluster has %d partitions", grownCl.Partitions())
 	}
+	for _, bad := range []string{"", "g\x00moving"} { // refused before anything is sent
+		if _, err := grownCl.Locate(ctx, bad); !errors.Is(err, pgtransport.ErrInvalidGroup) {
+			t.Errorf("Locate(%q): %v", bad, err)
+		}
+		if _, err := grownCl.State(ctx, bad); !errors.Is(err, pgtransport.ErrInvalidGroup) {
+			t.Errorf("State(%q): %v", bad, err)
+		}
+	}
 	at, err := async.NewCluster(ctx, p.Parts, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -2949,13 +2949,7 @@ BEGIN
             END IF;
         END;
     END IF;
-    IF p_window IS NULL THEN
-        RETURN QUERY SELECT p_ords[r.n]::INT, r.s
-                       FROM harel_publish_many(p_groups, p_events, p_priorities) WITH ORDINALITY AS r(s, n);
-    ELSE
-        RETURN QUERY SELECT p_ords[r.n]::INT, r.s
-                       FROM harel_publish_keyed(p_groups, p_events, p_priorities, p_keys, p_window) WITH ORDINALITY AS r(s, n);
-    END IF;
+    RETURN QUERY SELECT * FROM harel_px_publish_home(p_ords, p_groups, p_events, p_priorities, p_keys, p_window);
 END
 $$;
 
@@ -2983,7 +2977,7 @@ $$;
 -- harel_publish_keyed, each seq beside its input's place, with nothing
 -- handed back: the proxy's second try, in each group's home, where the
 -- fence refuses (PT010) a group that lives elsewhere (a proxy whose map is
--- older than the partitions').
+-- older than the partitions'), and harel_px_publish_many's last step.
 CREATE OR REPLACE FUNCTION harel_px_publish_home(
     p_ords       INT[],
     p_groups     TEXT[],
