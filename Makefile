@@ -46,7 +46,7 @@ held-snapshot: ## the async load (64 in flight, 10,000 groups) for 7 minutes on 
 	cd bench && $(GO) run . -sustained 7m -hold 5m -cluster
 
 failover: ## primary/standby failover at length: 5 runs each of sync replication, async with a lagging standby, and a hung primary; about 10 min
-	PGTRANSPORT_FAILOVER_RUNS=5 PGTRANSPORT_FAILOVER_ASYNC=1 PGTRANSPORT_FAILOVER_FROZEN=1 PGTRANSPORT_FAULT_SCALE=3 $(GO) test -run '^TestFailover' -count=1 -v -timeout 30m ./internal/history/
+	PGTRANSPORT_FAILOVER_RUNS=5 PGTRANSPORT_FAILOVER_ASYNC=1 PGTRANSPORT_FAILOVER_FROZEN=1 PGTRANSPORT_FAULT_SCALE=3 $(GO) test -run '^TestFailover' -count=1 -v -timeout 30m ./internal/testkit/history/
 
 bench-go: ## the go test benchmarks in bench/ (BENCHTIME, BENCHCOUNT)
 	cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) .

@@ -13,8 +13,8 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/contract"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // TestClusterContract runs the cluster cases against an async.Cluster over

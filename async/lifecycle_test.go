@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 )
 
 // closing is blocking with the rest of the Transport's methods.

@@ -16,9 +16,9 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	"github.com/pgtransport/pgtransport/schema"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // Wake-up tests run with IdleSweep at a minute: a lease that arrives within

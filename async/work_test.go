@@ -8,7 +8,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/worker/workertest"
+	"github.com/pgtransport/pgtransport/internal/testkit/workertest"
 )
 
 // TestWork runs the runtime's cases against the async Transport's Work.

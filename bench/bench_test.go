@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 

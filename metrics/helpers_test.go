@@ -114,7 +114,7 @@ func points(c collected, name string) int {
 }
 
 // The database: TEST_DATABASE_URL, else the local server, as the root
-// module's internal/pgtest finds it (which this module cannot import).
+// module's internal/testkit/pgtest finds it (which this module cannot import).
 // Schemas carry pgtest's stamp and connections its application_name, so
 // its sweep drops what a killed run leaves behind, and never a live one.
 

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 

@@ -13,9 +13,9 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/contract"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	"github.com/pgtransport/pgtransport/internal/pooler"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )

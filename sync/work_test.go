@@ -9,8 +9,8 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
-	"github.com/pgtransport/pgtransport/internal/worker/workertest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/workertest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 

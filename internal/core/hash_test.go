@@ -9,7 +9,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // TestHashtextMatchesServer compares Hashtext with the server's hashtext

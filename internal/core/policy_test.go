@@ -10,7 +10,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // TestDefaultsChecksPolicy: each policy or dedup field out of range is

@@ -13,7 +13,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // The runtime's parts that need no database, on a fake feed. The behaviour

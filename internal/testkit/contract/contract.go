@@ -19,7 +19,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // Transport is the blocking form of the API under test.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/pgtransport/pgtransport/internal/history"
+	"github.com/pgtransport/pgtransport/internal/testkit/history"
 )
 
 // sum folds decimal events into their decimal running sum.

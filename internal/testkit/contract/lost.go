@@ -8,7 +8,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 func init() { cases = append(cases, testCase{"LostReplies", lostReplies}) }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // TestRestart restarts PostgreSQL mid-run: blocking workers, an async

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/pgtest"
+	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // OpenCluster returns the cluster transport under test on pools (pools[i]
