@@ -57,17 +57,17 @@ const (
 	DefaultDedupWindow = 5 * time.Minute
 	// MaxDedupWindow bounds Config.DedupWindow.
 	MaxDedupWindow = 24 * time.Hour
-	// DefaultMaxAttempts is a new queue's attempt limit (Config.MaxAttempts).
+	// DefaultMaxAttempts is a new queue's attempt limit (Policy.MaxAttempts).
 	DefaultMaxAttempts = 10
-	// Unlimited, as Config.MaxAttempts, makes the queue retry a message
+	// Unlimited, as Policy.MaxAttempts, makes the queue retry a message
 	// forever: it is never dead-lettered (nor its group stopped).
 	Unlimited = -1
 	// DefaultRetryBackoffMin and DefaultRetryBackoffMax are a new queue's
-	// bounds of the backoff after a Fail (Config.RetryBackoffMin, Max).
+	// bounds of the backoff after a Fail (Policy.RetryBackoffMin, Max).
 	DefaultRetryBackoffMin = time.Second
 	DefaultRetryBackoffMax = time.Minute
 	// MinRetryBackoff and MaxRetryBackoff bound either backoff bound a
-	// Config sets.
+	// Policy sets.
 	MinRetryBackoff = time.Millisecond
 	MaxRetryBackoff = 24 * time.Hour
 	// DefaultDeadLetterLimit is a DeadLetterQuery's page size when its
@@ -76,7 +76,7 @@ const (
 	// MaxStateSize bounds a group's state (AckStateTx, a TxHandler's
 	// result), in bytes.
 	MaxStateSize = 256 << 10
-	// MaxStateRetention bounds Config.StateRetention.
+	// MaxStateRetention bounds Policy.StateRetention.
 	MaxStateRetention = 365 * 24 * time.Hour
 )
 
@@ -183,7 +183,7 @@ type Lease struct {
 	// this one included: 1 on its first delivery. Every hand-out counts,
 	// whatever ended it (ack, nack, Fail, or a lease that lapsed because
 	// its worker died); a lease a stream or a shutdown gave back unused
-	// does not. The queue's policy (Config.MaxAttempts) bounds it.
+	// does not. The queue's policy (Policy.MaxAttempts) bounds it.
 	Attempt int
 	// PublishedAt is when the message was published, by this process's
 	// clock: the time the claim was sent less the message's age as the
@@ -209,7 +209,7 @@ type Message struct {
 }
 
 // Exhausted is what the queue does with a group's head once it has used
-// its attempts (Config.OnExhausted).
+// its attempts (Policy.OnExhausted).
 type Exhausted string
 
 const (
@@ -269,10 +269,9 @@ type Config struct {
 	Schema string
 
 	// SkipApply leaves the schema alone on open: for teams that load the
-	// script (`make schema`, schema.SQL) with their own migration tool. A
-	// queue policy the Config sets (MaxAttempts, RetryBackoffMin,
-	// RetryBackoffMax, OnExhausted, StateRetention) is still written on
-	// open.
+	// script (`make schema`, schema.SQL) with their own migration tool,
+	// and for workers whose role may not change it. A Policy is still
+	// applied on open.
 	SkipApply bool
 
 	// Clock, if set, supplies "now" for leases, parks and acks. Nil means
@@ -292,14 +291,6 @@ type Config struct {
 	// accepting connections yet. 0 means DefaultMaxConnectWait.
 	MaxConnectWait time.Duration
 
-	// DisableNotify turns LISTEN/NOTIFY off for the async transport's
-	// consumers: they neither listen nor ask publishers to notify them, and
-	// look for work every IdleSweep when idle. Publishers never notify on
-	// their own account; only idle, listening consumers make them (see
-	// harel_wake in schema/sql/functions.sql), so a system whose consumers all set this
-	// sends no notification at all.
-	DisableNotify bool
-
 	// IdleSweep bounds how long an idle async consumer sleeps without
 	// looking for work: the fallback for work no notification announces (a
 	// group freed with messages left by another process, a park set by
@@ -315,40 +306,14 @@ type Config struct {
 	// 0 means DefaultMaxKeep; -1 never keeps.
 	MaxKeep int
 
-	// MaxAttempts is the queue's limit on hand-outs of one message
-	// (Lease.Attempt): once a message has been handed out this many times
-	// without an ack, the queue does OnExhausted with it, at the Fail of
-	// the last attempt or at the next claim of its group (its last lease
-	// lapsed). It is the queue's, kept in the database
-	// (transport_policy), so every consumer applies it, plain-SQL ones
-	// included: a transport opened with it set writes it there. 0 leaves
-	// the queue's setting (DefaultMaxAttempts for a new queue; it stays
-	// what the last transport set: to go back, set DefaultMaxAttempts);
-	// Unlimited retries forever.
-	MaxAttempts int
-
-	// RetryBackoffMin and RetryBackoffMax bound how long a Fail parks the
-	// group: RetryBackoffMin·2^(attempt-1), capped at RetryBackoffMax, with
-	// equal jitter (between half that and all of it), never below
-	// RetryBackoffMin. The queue's, as MaxAttempts: 0 leaves the queue's setting
-	// (DefaultRetryBackoffMin, DefaultRetryBackoffMax for a new queue);
-	// else MinRetryBackoff to MaxRetryBackoff, min not above max.
-	RetryBackoffMin time.Duration
-	RetryBackoffMax time.Duration
-
-	// OnExhausted is what the queue does with a head that used its
-	// attempts: DeadLetterHead (a new queue's choice) or StopGroup. The
-	// queue's, as MaxAttempts: "" leaves the queue's setting.
-	OnExhausted Exhausted
-
-	// StateRetention is how long a group's state (AckStateTx, WorkTx) is
-	// kept after the group drains (its last message acked, its row
-	// deleted), so the group's next message finds it again. The queue's,
-	// as MaxAttempts, kept in the database (transport_policy): 0 leaves the
-	// queue's setting (a new queue keeps none: the state goes with the
-	// group row); a negative value sets it back to none; at most
-	// MaxStateRetention.
-	StateRetention time.Duration
+	// Policy, if set, is applied on open as SetPolicy applies it: the
+	// queue's policy (attempts, retry backoff, what an exhausted head
+	// becomes, state retention), kept in the database for every consumer.
+	// Nil leaves the stored policy alone, so a worker's Config need not
+	// carry it (and its role need not be allowed to write it): set it
+	// where the queue is owned, or call SetPolicy. A non-nil Policy is
+	// written only where it differs from the stored one.
+	Policy *Policy
 
 	// DedupWindow is how long a Message.DedupKey published through this
 	// transport holds off a duplicate. 0 means DefaultDedupWindow; at most
@@ -375,14 +340,6 @@ type Config struct {
 	// times the calls.
 	Observer Observer
 
-	// Vacuum, if positive, makes an async Transport vacuum the queue
-	// tables itself, checking this often and vacuuming a table once it has
-	// 1,000 dead rows. Queue tables churn: every claim and ack leaves a
-	// dead row. Leave it 0 where autovacuum runs (the schema tunes it per
-	// table); set it where autovacuum is off or cannot keep up. Needs a
-	// role that may VACUUM the tables (their owner).
-	Vacuum time.Duration
-
 	// Pooling says whether the connections the transport is given keep
 	// their session between transactions, which decides two things a
 	// transaction pooler (PgBouncer's pool_mode=transaction) breaks:
@@ -395,6 +352,28 @@ type Config struct {
 	// find work every IdleSweep and their Ready never closes.
 	Pooling Pooling
 
+	// Async holds the settings only an async Transport acts on (its
+	// listener and its vacuuming). The blocking transport refuses a
+	// non-zero Async (ErrInvalidConfig) rather than ignore it.
+	Async AsyncConfig
+}
+
+// AsyncConfig is what only an async Transport acts on: how its streams
+// hear of new work (LISTEN/NOTIFY, through the pool or ListenDSN) and its
+// own vacuuming. The zero value listens through the pool, probes the
+// listening connection every 10 s, and leaves vacuuming to autovacuum.
+// The blocking transport has no listener: its idle ClaimWait callers
+// look again every Config.IdleSweep, and it refuses a non-zero
+// AsyncConfig.
+type AsyncConfig struct {
+	// DisableNotify turns LISTEN/NOTIFY off for the async transport's
+	// consumers: they neither listen nor ask publishers to notify them, and
+	// look for work every IdleSweep when idle. Publishers never notify on
+	// their own account; only idle, listening consumers make them (see
+	// harel_wake in the schema's functions), so a system whose
+	// consumers all set this sends no notification at all.
+	DisableNotify bool
+
 	// ListenDSN, if set, is a connection string straight to PostgreSQL,
 	// bypassing any pooler, on which an async Transport listens for
 	// notifications: one connection per process and ListenDSN, instead of
@@ -402,8 +381,8 @@ type Config struct {
 	// at once behind a transaction pooler, through which LISTEN never
 	// delivers. Each connect checks that it reached PostgreSQL itself: one
 	// that went through a pooler is closed, logged and retried, and the
-	// streams look for work every IdleSweep meanwhile. Ignored by the
-	// blocking transport and with DisableNotify.
+	// streams look for work every IdleSweep meanwhile. Ignored with
+	// DisableNotify.
 	ListenDSN string
 
 	// ListenPing is how long an async Transport's listening connection may
@@ -420,9 +399,49 @@ type Config struct {
 	// interval while idle. 0 means 10 s (notify.DefaultPingInterval);
 	// negative turns the check off. The first Transport on a pool (or
 	// ListenDSN) sets it for the listener they share, which probes through
-	// the pool of the longest-standing Transport still open. Ignored by
-	// the blocking transport and with DisableNotify.
+	// the pool of the longest-standing Transport still open. Ignored with
+	// DisableNotify.
 	ListenPing time.Duration
+
+	// Vacuum, if positive, makes an async Transport vacuum the queue
+	// tables itself, checking this often and vacuuming a table once it has
+	// 1,000 dead rows. Queue tables churn: every claim and ack leaves a
+	// dead row. Leave it 0 where autovacuum runs (the schema tunes it per
+	// table); set it where autovacuum is off or cannot keep up. Needs a
+	// role that may VACUUM the tables (their owner).
+	Vacuum time.Duration
+}
+
+// Policy is the queue's policy, kept in the database (transport_policy,
+// one row per partition) so that every consumer applies it, plain-SQL ones
+// included. It changes only by an explicit call: Config.Policy on open, or
+// SetPolicy. A zero field means that field's default, not "leave it".
+type Policy struct {
+	// MaxAttempts is the limit on hand-outs of one message
+	// (Lease.Attempt): once a message has been handed out this many times
+	// without an ack, the queue does OnExhausted with it, at the Fail of
+	// the last attempt or at the next claim of its group (its last lease
+	// lapsed). 0 means DefaultMaxAttempts; Unlimited retries forever.
+	MaxAttempts int
+
+	// RetryBackoffMin and RetryBackoffMax bound how long a Fail parks the
+	// group: RetryBackoffMin·2^(attempt-1), capped at RetryBackoffMax, with
+	// equal jitter (between half that and all of it), never below
+	// RetryBackoffMin. 0 means DefaultRetryBackoffMin and
+	// DefaultRetryBackoffMax; else MinRetryBackoff to MaxRetryBackoff, min
+	// not above max.
+	RetryBackoffMin time.Duration
+	RetryBackoffMax time.Duration
+
+	// OnExhausted is what the queue does with a head that used its
+	// attempts: DeadLetterHead ("" means it) or StopGroup.
+	OnExhausted Exhausted
+
+	// StateRetention is how long a group's state (AckStateTx, WorkTx) is
+	// kept after the group drains (its last message acked, its row
+	// deleted), so the group's next message finds it again. 0 keeps none
+	// (the state goes with the group row); at most MaxStateRetention.
+	StateRetention time.Duration
 }
 
 // Pooling is what Config.Pooling says of a transport's connections.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
@@ -24,7 +24,8 @@ import (
 func TestMain(m *testing.M) {
 	pgtest.MainNoLeaks(m,
 		"github.com/pgtransport/pgtransport/async",
-		"github.com/pgtransport/pgtransport/internal/core", // a Cluster's ClaimWait waits
+		"github.com/pgtransport/pgtransport/internal/cluster", // ClaimWait's waits over partitions
+		"github.com/pgtransport/pgtransport/internal/core",
 		"github.com/pgtransport/pgtransport/notify",
 		"github.com/jackc/pgxlisten")
 }
@@ -36,7 +37,7 @@ func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 type blocking struct{ t asyncAPI }
 
 // asyncAPI is the part of the channel-based API the contract calls: both
-// async.Transport and async.Cluster have it.
+// async.Transport and async.Transport have it.
 type asyncAPI interface {
 	Publish(ctx context.Context, group, event string, priority int) <-chan async.Result[int64]
 	Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan async.Result[*pgtransport.Lease]
@@ -55,6 +56,8 @@ type asyncAPI interface {
 	Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan async.Result[int64]
 	PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan async.Result[int64]
 	RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error
+	SetPolicy(ctx context.Context, p pgtransport.Policy) <-chan error
+	Policy(ctx context.Context) <-chan async.Result[pgtransport.Policy]
 	AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) <-chan error
 	AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease, state []byte) <-chan error
 	State(ctx context.Context, group string) <-chan async.Result[[]byte]
@@ -150,6 +153,15 @@ func (b blocking) RestartGroup(ctx context.Context, group string, skipHead bool)
 	return <-b.t.RestartGroup(ctx, group, skipHead)
 }
 
+func (b blocking) SetPolicy(ctx context.Context, p pgtransport.Policy) error {
+	return <-b.t.SetPolicy(ctx, p)
+}
+
+func (b blocking) Policy(ctx context.Context) (pgtransport.Policy, error) {
+	r := <-b.t.Policy(ctx)
+	return r.Value, r.Err
+}
+
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) *async.Transport {
 	t.Helper()
 	tr, err := async.New(context.Background(), db.(*pgxpool.Pool), cfg)
@@ -179,7 +191,8 @@ func TestMirrorsSync(t *testing.T) {
 	st := reflect.TypeFor[*pgsync.Transport]()
 	at := reflect.TypeFor[*async.Transport]()
 	errType := reflect.TypeFor[error]()
-	extra := map[string]bool{"Stream": true} // async only
+	extra := map[string]bool{"Stream": true}                                      // async only
+	local := map[string]bool{"Partitions": true, "Home": true, "Partition": true} // answered without a round-trip
 	for i := range st.NumMethod() {
 		sm := st.Method(i)
 		am, ok := at.MethodByName(sm.Name)
@@ -193,6 +206,14 @@ func TestMirrorsSync(t *testing.T) {
 		}
 		var want []reflect.Type
 		switch {
+		case local[sm.Name]: // no round-trip: the same results (a pool where sync has its DBTX)
+			is.Equal(am.Type.NumOut(), sm.Type.NumOut())
+			for j := range sm.Type.NumOut() {
+				if o := am.Type.Out(j); o != sm.Type.Out(j) && !(sm.Type.Out(j).Kind() == reflect.Interface && o.Implements(sm.Type.Out(j))) {
+					t.Errorf("%s returns %v, want %v", sm.Name, o, sm.Type.Out(j))
+				}
+			}
+			continue
 		case sm.Name == "Work" || sm.Name == "WorkTx": // the runtime blocks in both: its result is the end of the run
 			want = []reflect.Type{errType}
 		case sm.Type.NumOut() == 0: // Close
@@ -238,6 +259,10 @@ func resultType(v reflect.Type) (reflect.Type, bool) {
 		return reflect.TypeFor[async.Result[[]pgtransport.DeadLetter]](), true
 	case reflect.TypeFor[pgtransport.Stats]():
 		return reflect.TypeFor[async.Result[pgtransport.Stats]](), true
+	case reflect.TypeFor[pgtransport.Policy]():
+		return reflect.TypeFor[async.Result[pgtransport.Policy]](), true
+	case reflect.TypeFor[int]():
+		return reflect.TypeFor[async.Result[int]](), true
 	case reflect.TypeFor[pgtransport.GroupInfo]():
 		return reflect.TypeFor[async.Result[pgtransport.GroupInfo]](), true
 	case reflect.TypeFor[[]pgtransport.GroupInfo]():
@@ -257,6 +282,7 @@ func setup(t *testing.T, cfg pgtransport.Config) (*async.Transport, *pgsync.Tran
 	db := pgtest.New(t, 16)
 	cfg.Schema = db.Schema
 	tr := open(t, db.Pool, cfg)
+	cfg.Async = pgtransport.AsyncConfig{} // the blocking transport refuses what it cannot honour
 	st, err := pgsync.New(ctx(t), db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -596,7 +622,7 @@ func TestVacuum(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	db := pgtest.New(t, 8)
-	tr := open(t, db.Pool, pgtransport.Config{Schema: db.Schema, Vacuum: 50 * time.Millisecond})
+	tr := open(t, db.Pool, pgtransport.Config{Schema: db.Schema, Async: pgtransport.AsyncConfig{Vacuum: 50 * time.Millisecond}})
 	msgs := make([]pgtransport.Message, 3000)
 	for i := range msgs {
 		msgs[i] = pgtransport.Message{Group: fmt.Sprint("g", i), Event: "e"}

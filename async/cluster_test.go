@@ -17,7 +17,7 @@ import (
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
-// TestClusterContract runs the cluster cases against an async.Cluster over
+// TestClusterContract runs the cluster cases against an async.Transport over
 // four partitions.
 func TestClusterContract(t *testing.T) {
 	contract.RunCluster(t, func(t *testing.T, pools []*pgxpool.Pool, cfg pgtransport.Config) (contract.Closer, error) {
@@ -30,7 +30,7 @@ func TestClusterContract(t *testing.T) {
 	})
 }
 
-// TestOpenCluster opens an async.Cluster from its proxy's map.
+// TestOpenCluster opens an async.Transport from its proxy's map.
 func TestOpenCluster(t *testing.T) {
 	contract.RunOpenCluster(t, func(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (contract.Closer, error) {
 		c, err := async.OpenCluster(ctx, proxyDSN, cfg)

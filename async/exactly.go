@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
 	"github.com/pgtransport/pgtransport/internal/worker"
 )
 
@@ -25,7 +26,11 @@ import (
 // Ack of the same lease is answered ErrLeaseLost, as a second ack is.
 func (t *Transport) AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
-		return t.ackTx(lease, func() error { return t.core.AckTx(ctx, tx, lease) })
+		c, err := t.cl.TxLease(ctx, tx, lease)
+		if err != nil {
+			return fmt.Errorf("ack: %w", err)
+		}
+		return t.of(lease).ackTx(lease, func() error { return c.AckTx(ctx, tx, lease) })
 	})
 }
 
@@ -34,7 +39,11 @@ func (t *Transport) AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lea
 // ErrStateTooLarge past pgtransport.MaxStateSize, nothing written).
 func (t *Transport) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lease, state []byte) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
-		return t.ackTx(lease, func() error { return t.core.AckStateTx(ctx, tx, lease, state) })
+		c, err := t.cl.TxLease(ctx, tx, lease)
+		if err != nil {
+			return fmt.Errorf("ack: %w", err)
+		}
+		return t.of(lease).ackTx(lease, func() error { return c.AckStateTx(ctx, tx, lease, state) })
 	})
 }
 
@@ -43,10 +52,10 @@ func (t *Transport) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtranspor
 // queued Ack of it would free a group the caller's commit frees), then
 // dropped if the ack held or found it lost, or held as before if it
 // failed otherwise (nothing was written).
-func (t *Transport) ackTx(l *pgtransport.Lease, ack func() error) error {
-	s, verdict := t.streams.admit(l)
+func (p *part) ackTx(l *pgtransport.Lease, ack func() error) error {
+	s, verdict := p.streams.admit(l)
 	if verdict == lostAck {
-		t.core.LeaseLost("ack", l)
+		p.core.LeaseLost("ack", l)
 		return fmt.Errorf("ack: %w", pgtransport.ErrLeaseLost)
 	}
 	err := ack()
@@ -62,8 +71,8 @@ func (t *Transport) ackTx(l *pgtransport.Lease, ack func() error) error {
 
 // State delivers group's state (nil: none); as sync.Transport.State.
 func (t *Transport) State(ctx context.Context, group string) <-chan Result[[]byte] {
-	return call(t, ctx, func(ctx context.Context) ([]byte, error) {
-		return t.core.State(ctx, group)
+	return onGroup(t, ctx, group, func(ctx context.Context, c *core.Core) ([]byte, error) {
+		return c.State(ctx, group)
 	})
 }
 
@@ -72,7 +81,11 @@ func (t *Transport) State(ctx context.Context, group string) <-chan Result[[]byt
 // delivered.
 func (t *Transport) StateTx(ctx context.Context, tx pgx.Tx, group string) <-chan Result[[]byte] {
 	return call(t, ctx, func(ctx context.Context) ([]byte, error) {
-		return t.core.StateTx(ctx, tx, group)
+		c, err := t.cl.TxGroup(ctx, tx, group)
+		if err != nil {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+		return c.StateTx(ctx, tx, group)
 	})
 }
 
@@ -80,8 +93,8 @@ func (t *Transport) StateTx(ctx context.Context, tx pgx.Tx, group string) <-chan
 // the ledger of the stream that holds l, if one does: that stream and
 // queueAck, or lostAck (the stream holds l in another form, or its ack is
 // on its way already), or nil and notHeld.
-func (ss *streamSet) admit(l *pgtransport.Lease) (held *Stream, verdict ackVerdict) {
-	ss.find(l, func(s *Stream) bool {
+func (ss *streamSet) admit(l *pgtransport.Lease) (held *stream, verdict ackVerdict) {
+	ss.find(l, func(s *stream) bool {
 		verdict = s.admit(l)
 		if verdict == notHeld {
 			return false
@@ -94,7 +107,7 @@ func (ss *streamSet) admit(l *pgtransport.Lease) (held *Stream, verdict ackVerdi
 
 // admit is ledger.admit under the stream's lock; notHeld once the stream
 // is stopping (it settles nothing more).
-func (s *Stream) admit(l *pgtransport.Lease) ackVerdict {
+func (s *stream) admit(l *pgtransport.Lease) ackVerdict {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.acks.closed {
@@ -105,7 +118,7 @@ func (s *Stream) admit(l *pgtransport.Lease) ackVerdict {
 
 // unadmit takes back an admit whose ack wrote nothing: the lease is held
 // as before and may be acked again.
-func (s *Stream) unadmit(l *pgtransport.Lease) {
+func (s *stream) unadmit(l *pgtransport.Lease) {
 	s.mu.Lock()
 	s.ledger.refuse([]*pgtransport.Lease{l})
 	s.mu.Unlock()
@@ -122,33 +135,36 @@ func (t *Transport) WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h 
 	if err != nil {
 		return err
 	}
-	s, err := t.workStream(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer s.Close() // waits for it; it stops as ctx ends anyway
-	return worker.RunTx(ctx, t.workerConfig(cfg), &txFeed{feed{t: t, s: s}}, h)
+	return t.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		p := t.parts[i]
+		s, err := t.workStream(ctx, p, cfg)
+		if err != nil {
+			return err
+		}
+		defer s.Close() // waits for it; it stops as ctx ends anyway
+		return worker.RunTx(ctx, t.workerConfig(p, cfg), &txFeed{feed{p: p, s: s}}, h)
+	})
 }
 
 // txFeed is WorkTx's worker.TxFeed: Work's feed, and the calls of a
 // handler's transaction, which keep the stream's ledger as AckTx does.
 type txFeed struct{ feed }
 
-func (f *txFeed) Begin(ctx context.Context) (pgx.Tx, error) { return f.t.core.Begin(ctx) }
+func (f *txFeed) Begin(ctx context.Context) (pgx.Tx, error) { return f.p.core.Begin(ctx) }
 
 func (f *txFeed) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error) {
-	return f.t.core.StateTx(ctx, tx, group)
+	return f.p.core.StateTx(ctx, tx, group)
 }
 
 // AckStateTx acks in tx; the stream claims the next leases.
 func (f *txFeed) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte, _ bool) (*pgtransport.Lease, error) {
-	return nil, f.t.ackTx(l, func() error { return f.t.core.AckStateTx(ctx, tx, l, state) })
+	return nil, f.p.ackTx(l, func() error { return f.p.core.AckStateTx(ctx, tx, l, state) })
 }
 
-func (f *txFeed) Settled(*pgtransport.Lease) { f.t.core.Settled() }
+func (f *txFeed) Settled(*pgtransport.Lease) { f.p.core.Settled() }
 
 // Unclaim is never needed here (AckStateTx claims nothing), and would give
 // back l as the blocking feed does.
 func (f *txFeed) Unclaim(ctx context.Context, l *pgtransport.Lease) {
-	_ = f.t.core.ReleaseQuiet(ctx, l)
+	_ = f.p.core.ReleaseQuiet(ctx, l)
 }

@@ -1,11 +1,12 @@
 package async
 
-// ListenerPID is the server process of t's listening connection, or 0
-// when it has none (for tests that kill it). A function, not a method:
-// the Transport's methods mirror sync.Transport's (TestMirrorsSync).
+// ListenerPID is the server process of the listening connection of t's
+// partition 0, or 0 when it has none (for tests that kill it). A
+// function, not a method: the Transport's methods mirror sync.Transport's
+// (TestMirrorsSync).
 func ListenerPID(t *Transport) uint32 {
-	if t.listener == nil {
-		return 0
+	if l := t.parts[0].listener; l != nil {
+		return l.BackendPID()
 	}
-	return t.listener.BackendPID()
+	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
 )
 
 // The operator's calls, each the twin of sync.Transport's: one
@@ -12,7 +13,7 @@ import (
 // Stats delivers the queue at a glance; as sync.Transport.Stats.
 func (t *Transport) Stats(ctx context.Context) <-chan Result[pgtransport.Stats] {
 	return call(t, ctx, func(ctx context.Context) (pgtransport.Stats, error) {
-		return t.core.Stats(ctx)
+		return t.cl.Stats(ctx)
 	})
 }
 
@@ -20,23 +21,23 @@ func (t *Transport) Stats(ctx context.Context) <-chan Result[pgtransport.Stats] 
 // (ErrInvalidQuery, ErrInvalidBatch with no round-trip).
 func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan Result[[]pgtransport.GroupInfo] {
 	return call(t, ctx, func(ctx context.Context) ([]pgtransport.GroupInfo, error) {
-		return t.core.Groups(ctx, q)
+		return t.cl.Groups(ctx, q)
 	})
 }
 
 // Group delivers one group; ErrUnknownGroup if it has no row. As
 // sync.Transport.Group.
 func (t *Transport) Group(ctx context.Context, group string) <-chan Result[pgtransport.GroupInfo] {
-	return call(t, ctx, func(ctx context.Context) (pgtransport.GroupInfo, error) {
-		return t.core.Group(ctx, group)
+	return onGroup(t, ctx, group, func(ctx context.Context, c *core.Core) (pgtransport.GroupInfo, error) {
+		return c.Group(ctx, group)
 	})
 }
 
 // Peek delivers the group's next n messages without leasing them; as
 // sync.Transport.Peek.
 func (t *Transport) Peek(ctx context.Context, group string, n int) <-chan Result[[]pgtransport.PeekedMessage] {
-	return call(t, ctx, func(ctx context.Context) ([]pgtransport.PeekedMessage, error) {
-		return t.core.Peek(ctx, group, n)
+	return onGroup(t, ctx, group, func(ctx context.Context, c *core.Core) ([]pgtransport.PeekedMessage, error) {
+		return c.Peek(ctx, group, n)
 	})
 }
 
@@ -45,8 +46,8 @@ func (t *Transport) Peek(ctx context.Context, group string, n int) <-chan Result
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PauseGroup(ctx context.Context, group string) <-chan error {
-	return callErr(t, ctx, func(ctx context.Context) error {
-		return t.core.PauseGroup(ctx, group)
+	return onGroupErr(t, ctx, group, func(ctx context.Context, c *core.Core) error {
+		return c.PauseGroup(ctx, group)
 	})
 }
 
@@ -55,8 +56,8 @@ func (t *Transport) PauseGroup(ctx context.Context, group string) <-chan error {
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) ResumeGroup(ctx context.Context, group string) <-chan error {
-	return callErr(t, ctx, func(ctx context.Context) error {
-		return t.core.ResumeGroup(ctx, group)
+	return onGroupErr(t, ctx, group, func(ctx context.Context, c *core.Core) error {
+		return c.ResumeGroup(ctx, group)
 	})
 }
 
@@ -66,7 +67,18 @@ func (t *Transport) ResumeGroup(ctx context.Context, group string) <-chan error 
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PurgeGroup(ctx context.Context, group string, limit int) <-chan Result[int64] {
-	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.PurgeGroup(ctx, group, limit)
+	return onGroup(t, ctx, group, func(ctx context.Context, c *core.Core) (int64, error) {
+		return c.PurgeGroup(ctx, group, limit)
 	})
+}
+
+// SetPolicy makes p the queue's policy, whole (a zero field its
+// default); as sync.Transport.SetPolicy.
+func (t *Transport) SetPolicy(ctx context.Context, p pgtransport.Policy) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error { return t.cl.SetPolicy(ctx, p) })
+}
+
+// Policy delivers the queue's policy as stored; as sync.Transport.Policy.
+func (t *Transport) Policy(ctx context.Context) <-chan Result[pgtransport.Policy] {
+	return call(t, ctx, func(ctx context.Context) (pgtransport.Policy, error) { return t.cl.Policy(ctx) })
 }

@@ -16,8 +16,8 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
@@ -133,7 +133,7 @@ func TestListenDSNThroughPgBouncer(t *testing.T) {
 	db := pgtest.New(t, 2)
 	logs := &pgtest.Logs{Level: slog.LevelInfo}
 	const sweep = 10 * time.Second // so that no sweep explains a prompt pickup
-	tr := open(t, b.Pool(t, 8, "cache_describe", ""), pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(), IdleSweep: sweep, ListenDSN: db.DSN})
+	tr := open(t, b.Pool(t, 8, "cache_describe", ""), pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(), IdleSweep: sweep, Async: pgtransport.AsyncConfig{ListenDSN: db.DSN}})
 	is.Equal(len(logs.Find(slog.LevelWarn, "notifications are off")), 0)
 	s := stream(t, tr, async.StreamConfig{}) // waits for Ready
 	is.True(!s.PollOnly())
@@ -153,8 +153,7 @@ func TestListenDSNThroughPoolerRefused(t *testing.T) {
 	b := pgtest.Bouncer(t)
 	db := pgtest.New(t, 2)
 	logs := &pgtest.Logs{Level: slog.LevelInfo}
-	tr := open(t, b.Pool(t, 8, "exec", ""), pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(),
-		IdleSweep: 200 * time.Millisecond, ListenDSN: b.DSN("exec")})
+	tr := open(t, b.Pool(t, 8, "exec", ""), pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(), IdleSweep: 200 * time.Millisecond, Async: pgtransport.AsyncConfig{ListenDSN: b.DSN("exec")}})
 	s, err := tr.Stream(ctx(t), async.StreamConfig{WorkerID: "w", Visibility: time.Minute})
 	is.NoErr(err)
 	t.Cleanup(s.Close)

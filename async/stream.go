@@ -1,7 +1,6 @@
 package async
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +55,7 @@ type StreamConfig struct {
 // DefaultMaxInFlight is StreamConfig.MaxInFlight's value when it is 0.
 const DefaultMaxInFlight = 64
 
-// Stream delivers leases on a channel as groups become claimable.
+// stream is one partition's stream: the engine behind a Stream.
 //
 // One goroutine drives it. Each round-trip acks the leases its receivers
 // acked since the last one left (Transport.Ack on a lease from a stream
@@ -64,31 +63,16 @@ const DefaultMaxInFlight = 64
 // as many groups as there are free slots. While claiming it keeps up to two
 // round-trips in flight, on two of the pool's connections: the second
 // leaves once half of MaxInFlight is acked, so an ack waits for at most a
-// round-trip in flight plus its own. An acked lease
-// whose group has more messages is kept, up to Config.MaxKeep in a row, and
-// the group's next message is delivered under the same token without a new
-// claim.
+// round-trip in flight plus its own.
 //
-// It holds at most MaxInFlight leases: a lease counts from its claim until
-// it is acked, nacked or failed through the Transport or its visibility
-// runs out. C is buffered (MaxInFlight); a lease that waits there
-// unreceived for half its visibility is given back (free at once, not
-// counted as an attempt) before it can lapse, and the stream then holds
-// its claims back until a receiver shows it is at work, so that other
-// consumers get those groups (see gate).
-//
-// While idle it waits, without polling, for the first of: a notification of
-// a new group (LISTEN/NOTIFY), an ack, nack or publish through the same
-// Transport that may have freed work, the earliest lease or park it saw
-// when it went idle running out, and Config.IdleSweep.
-//
-// Inside, it is five parts: an ackBatcher (the acks waiting for the next
+// It is five parts: an ackBatcher (the acks waiting for the next
 // round-trip), a ledger (the leases held and the slots in use), an
 // idleState (when to claim, arm and sleep), a gate (claims held back after
 // a give-back), and run, the loop that selects over the events that move
 // them.
-type Stream struct {
+type stream struct {
 	t      *Transport
+	p      *part
 	cfg    StreamConfig
 	out    chan *pgtransport.Lease
 	cancel context.CancelFunc
@@ -105,26 +89,15 @@ type Stream struct {
 	err    error
 }
 
-// Stream starts a consumer of leases for cfg.WorkerID. It runs until ctx
-// ends, Close, or the Transport closes; then it acks what its receivers
-// acked, gives back the leases still waiting in C, closes C and records why
-// in Err. Errors from the database are retried with backoff; only
-// ErrSchemaMissing ends the stream. An ack the database refuses for good
-// (core.Permanent) is answered that error alone: the acks batched with it
-// are settled without it, each on its own round-trip.
-func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) {
-	if err := core.CheckClaim(cfg.WorkerID, cfg.Visibility, cfg.MinPriority); err != nil {
-		return nil, fmt.Errorf("stream: %w", err)
-	}
-	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > pgtransport.MaxBatch {
-		return nil, fmt.Errorf("stream: %w: MaxInFlight %d, want 0 to %d", pgtransport.ErrInvalidConfig, cfg.MaxInFlight, pgtransport.MaxBatch)
-	}
-	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, DefaultMaxInFlight)
+// startStream starts partition p's stream for cfg (checked, MaxInFlight
+// set), on a goroutine of t.
+func (t *Transport) startStream(ctx context.Context, p *part, cfg StreamConfig) (*stream, error) {
 	if t.isClosed() {
 		return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed)
 	}
-	s := &Stream{
+	s := &stream{
 		t:      t,
+		p:      p,
 		cfg:    cfg,
 		out:    make(chan *pgtransport.Lease, cfg.MaxInFlight),
 		done:   make(chan struct{}),
@@ -132,8 +105,8 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 		waiter: core.NewToken(cfg.WorkerID),
 		ledger: newLedger(cfg.MaxInFlight),
 	}
-	if t.listener != nil {
-		sub, err := t.listener.Subscribe(t.channel)
+	if p.listener != nil {
+		sub, err := p.listener.Subscribe(p.channel)
 		if errors.Is(err, notify.ErrClosed) {
 			return nil, fmt.Errorf("stream: %w", pgtransport.ErrClosed) // the Transport closed meanwhile
 		}
@@ -155,7 +128,7 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 	}
 	t.wg.Add(1)
 	t.mu.Unlock()
-	t.streams.add(s)
+	p.streams.add(s)
 	go func() {
 		defer t.wg.Done()
 		s.run(ctx, parent)
@@ -164,12 +137,12 @@ func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, erro
 }
 
 // C returns the channel of leases. The stream closes it when it stops.
-func (s *Stream) C() <-chan *pgtransport.Lease { return s.out }
+func (s *stream) C() <-chan *pgtransport.Lease { return s.out }
 
 // Err says why the stream stopped: ErrClosed after Close (of the stream or
 // the Transport), ctx's error after its ctx ended, or the error that ended
 // it. Nil while it runs.
-func (s *Stream) Err() error {
+func (s *stream) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
@@ -177,15 +150,15 @@ func (s *Stream) Err() error {
 
 // Ready returns a channel closed once the stream's notifications are live,
 // and replaced by an open one while the listener reconnects. With
-// Config.DisableNotify it is closed at once: there is nothing to wait for.
-// Behind a transaction pooler with no Config.ListenDSN it is never closed:
+// Config.Async.DisableNotify it is closed at once: there is nothing to wait for.
+// Behind a transaction pooler with no Config.Async.ListenDSN it is never closed:
 // no notification can arrive, and the stream finds work every IdleSweep
 // (PollOnly says so). Tests wait on it.
-func (s *Stream) Ready() <-chan struct{} {
+func (s *stream) Ready() <-chan struct{} {
 	switch {
 	case s.sub != nil:
 		return s.sub.Ready()
-	case s.t.pollOnly:
+	case s.p.pollOnly:
 		return make(chan struct{})
 	}
 	c := make(chan struct{})
@@ -195,20 +168,20 @@ func (s *Stream) Ready() <-chan struct{} {
 
 // PollOnly reports whether the stream learns of work other processes
 // publish only by looking for it every Config.IdleSweep: with
-// Config.DisableNotify, and behind a transaction pooler (Config.Pooling)
-// with no Config.ListenDSN.
-func (s *Stream) PollOnly() bool { return s.sub == nil }
+// Config.Async.DisableNotify, and behind a transaction pooler (Config.Pooling)
+// with no Config.Async.ListenDSN.
+func (s *stream) PollOnly() bool { return s.sub == nil }
 
 // Close stops the stream and waits for it: acks already asked for are
 // done, leases waiting in C are given back, and C is closed. Safe to call
 // twice.
-func (s *Stream) Close() {
+func (s *stream) Close() {
 	s.stop(pgtransport.ErrClosed)
 	s.cancel()
 	<-s.done
 }
 
-func (s *Stream) stop(err error) {
+func (s *stream) stop(err error) {
 	s.mu.Lock()
 	if s.err == nil {
 		s.err = err
@@ -221,7 +194,7 @@ func (s *Stream) stop(err error) {
 // enqueue adds an ack of l to the next round-trip; false if the stream does
 // not hold l or no longer takes acks (the caller acks on its own). An ack
 // the ledger calls lost is answered ErrLeaseLost at once.
-func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
+func (s *stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 	s.mu.Lock()
 	if s.acks.closed {
 		s.mu.Unlock()
@@ -234,7 +207,7 @@ func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 		return nil, false
 	case lostAck:
 		s.mu.Unlock()
-		s.t.core.LeaseLost("ack", l)
+		s.p.core.LeaseLost("ack", l)
 		lost := make(chan error, 1)
 		lost <- pgtransport.ErrLeaseLost
 		return lost, true
@@ -249,7 +222,7 @@ func (s *Stream) enqueue(l *pgtransport.Lease) (<-chan error, bool) {
 // release frees the slot of a lease settled outside the stream's
 // round-trips (a nack, a fail, AckMany, AckNext); false if the stream did
 // not hold it.
-func (s *Stream) release(l *pgtransport.Lease) bool {
+func (s *stream) release(l *pgtransport.Lease) bool {
 	s.mu.Lock()
 	held := s.ledger.release(l)
 	s.mu.Unlock()
@@ -262,7 +235,7 @@ func (s *Stream) release(l *pgtransport.Lease) bool {
 // extend records that l, held by the stream, now holds until until, and
 // holds next's message if next is not nil; false if the stream does not
 // hold it.
-func (s *Stream) extend(l, next *pgtransport.Lease, until time.Time) bool {
+func (s *stream) extend(l, next *pgtransport.Lease, until time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ledger.extend(keyOf(l), next, until)
@@ -270,7 +243,7 @@ func (s *Stream) extend(l, next *pgtransport.Lease, until time.Time) bool {
 
 // poke wakes the loop: acks are queued or a slot came free. Coalesced: the
 // loop reads the state afresh whenever it wakes.
-func (s *Stream) poke() {
+func (s *stream) poke() {
 	select {
 	case s.signal <- struct{}{}:
 	default:
@@ -284,7 +257,7 @@ func (s *Stream) poke() {
 // this process (dry only), the next deadline (a lease in C due back, one
 // lapsing, IdleSweep), or ctx done. It owns the round-trips it sends and
 // waits for them before it finishes.
-func (s *Stream) run(ctx, parent context.Context) {
+func (s *stream) run(ctx, parent context.Context) {
 	defer close(s.done)
 	defer close(s.out)
 	defer s.finish(parent)
@@ -305,25 +278,14 @@ func (s *Stream) run(ctx, parent context.Context) {
 		w.dropTicket()
 	}()
 	for {
-		if w.mayLeave(flying, s.queued(), s.cfg.MaxInFlight) {
-			acks, free := s.take()
-			if !w.sleeps(len(acks), free, time.Now()) {
-				frees := w.phase == dry && s.t.core.ReleasesAny(leasesOf(acks)) // only dry asks
-				limit := w.limit(free, frees)
-				if w.arms(limit) { // nothing in flight: mayLeave
-					if err := s.arm(ctx, &w); err != nil {
-						s.requeue(acks)
-						if !s.recover(ctx, err, retry) {
-							return
-						}
-						continue
-					}
-				}
-				w.sent(limit, time.Now())
-				s.send(ctx, trips, acks, limit)
-				flying++
-				continue
-			}
+		switch s.leave(ctx, &w, trips, retry, flying) {
+		case sent:
+			flying++
+			continue
+		case again:
+			continue
+		case stopped:
+			return
 		}
 		// Nothing to send now. With nothing in flight the stream sleeps
 		// until a deadline or a wake-up; else it waits for a round-trip,
@@ -370,18 +332,56 @@ func (s *Stream) run(ctx, parent context.Context) {
 	}
 }
 
+// leaveStep is what leave did.
+type leaveStep int
+
+const (
+	stay    leaveStep = iota // nothing may or need leave now: wait for an event
+	sent                     // a round-trip left
+	again                    // arming failed and was recovered from: look again
+	stopped                  // the stream must stop
+)
+
+// leave sends the next round-trip if one may leave (flying are in
+// flight) and there is something to send: the acks queued and, unless the
+// stream sleeps, claims for its free slots, arming the wake-ups first
+// when it is about to go dry.
+func (s *stream) leave(ctx context.Context, w *idleState, trips chan<- trip, retry *backoff.ExponentialBackOff, flying int) leaveStep {
+	if !w.mayLeave(flying, s.queued(), s.cfg.MaxInFlight) {
+		return stay
+	}
+	acks, free := s.take()
+	if w.sleeps(len(acks), free, time.Now()) {
+		return stay
+	}
+	frees := w.phase == dry && s.p.core.ReleasesAny(leasesOf(acks)) // only dry asks
+	limit := w.limit(free, frees)
+	if w.arms(limit) { // nothing in flight: mayLeave
+		if err := s.arm(ctx, w); err != nil {
+			s.requeue(acks)
+			if !s.recover(ctx, err, retry) {
+				return stopped
+			}
+			return again
+		}
+	}
+	w.sent(limit, time.Now())
+	s.send(ctx, trips, acks, limit)
+	return sent
+}
+
 // landed takes in a round-trip's outcome; false ends the stream.
-func (s *Stream) landed(ctx context.Context, w *idleState, t trip, retry *backoff.ExponentialBackOff) bool {
+func (s *stream) landed(ctx context.Context, w *idleState, t trip, retry *backoff.ExponentialBackOff) bool {
 	if t.err != nil {
 		return s.recover(ctx, t.err, retry)
 	}
 	retry.Reset()
-	s.outage.Recovered(s.t.core.Logger(), "pgtransport: stream: database reachable again", slog.String("worker", s.cfg.WorkerID))
+	s.outage.Recovered(s.p.core.Logger(), "pgtransport: stream: database reachable again", slog.String("worker", s.cfg.WorkerID))
 	if t.freed > 0 { // groups freed with messages left, maybe: for other waiters here
-		s.t.parking.WakeOthers(t.freed, w.ticket)
+		s.p.parking.WakeOthers(t.freed, w.ticket)
 	}
 	if w.landed(t, s.full()) {
-		if err := s.t.core.Unwait(ctx, s.waiter); err != nil {
+		if err := s.p.core.Unwait(ctx, s.waiter); err != nil {
 			s.report(err) // harmless: the row only makes publishers notify until it lapses
 		}
 	}
@@ -390,26 +390,26 @@ func (s *Stream) landed(ctx context.Context, w *idleState, t trip, retry *backof
 
 // arm readies the stream to sleep, before the claim that may find nothing:
 // its waiter row, unless the last still stands, and a fresh ticket.
-func (s *Stream) arm(ctx context.Context, w *idleState) error {
+func (s *stream) arm(ctx context.Context, w *idleState) error {
 	if !w.armedNow(time.Now()) {
 		// Not cut short by ctx: a Close that cancelled it mid-flight could
 		// see its Unwait (in finish) run before this row commits, and leave
 		// the row behind until it lapses. It takes milliseconds.
 		wctx, cancel := s.t.detach(ctx, 5*time.Second)
-		d, ok, err := s.t.core.Wait(wctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+		d, ok, err := s.p.core.Wait(wctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
 		cancel()
 		if err != nil {
 			return err
 		}
 		w.rowWritten(time.Now(), d, ok)
 	}
-	w.retick(s.t.parking.Ticket(), time.Now())
+	w.retick(s.p.parking.Ticket(), time.Now())
 	return nil
 }
 
 // send reserves limit slots and starts a round-trip that settles acks and
 // claims up to limit; its outcome comes back on trips.
-func (s *Stream) send(ctx context.Context, trips chan<- trip, acks []ackRequest, limit int) {
+func (s *stream) send(ctx context.Context, trips chan<- trip, acks []ackRequest, limit int) {
 	s.mu.Lock()
 	s.ledger.reserve(limit)
 	s.mu.Unlock()
@@ -421,14 +421,14 @@ func (s *Stream) send(ctx context.Context, trips chan<- trip, acks []ackRequest,
 }
 
 // queued is how many acks wait for the next round-trip.
-func (s *Stream) queued() int {
+func (s *stream) queued() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.acks.len()
 }
 
 // full reports whether every slot is taken.
-func (s *Stream) full() bool {
+func (s *stream) full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ledger.full()
@@ -437,7 +437,7 @@ func (s *Stream) full() bool {
 // take returns the acks queued for the next round-trip, their slots now
 // counted free, and how many leases it may claim. Leases that lapsed are
 // dropped first.
-func (s *Stream) take() ([]ackRequest, int) {
+func (s *stream) take() ([]ackRequest, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	acks, alone := s.acks.take()
@@ -451,7 +451,7 @@ func (s *Stream) take() ([]ackRequest, int) {
 }
 
 // requeue puts acks back for the next round-trip after a failed one.
-func (s *Stream) requeue(acks []ackRequest) {
+func (s *stream) requeue(acks []ackRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ledger.settle(leasesOf(acks), false)
@@ -460,7 +460,7 @@ func (s *Stream) requeue(acks []ackRequest) {
 
 // untilDeadline is how long until a held lease lapses or one waiting in C
 // is due to be given back.
-func (s *Stream) untilDeadline() time.Duration {
+func (s *stream) untilDeadline() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -475,7 +475,7 @@ func (s *Stream) untilDeadline() time.Duration {
 // least a millisecond: while a round-trip is in flight the loop wakes for
 // nothing else (a lapsed lease that was received is dropped by the next
 // take, not here).
-func (s *Stream) untilGiveBack() time.Duration {
+func (s *stream) untilGiveBack() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -489,7 +489,7 @@ func (s *Stream) untilGiveBack() time.Duration {
 // their group. The stream stopping does not cancel it: a round-trip cut off
 // mid-way would leave acks and leases in doubt (only the Transport's Close,
 // after closeGrace, does).
-func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (got, claims, freed int, err error) {
+func (s *stream) exchange(ctx context.Context, acks []ackRequest, limit int) (got, claims, freed int, err error) {
 	reserved := limit
 	leases := leasesOf(acks)
 	if ctx.Err() != nil {
@@ -499,14 +499,14 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	defer cancel()
 	start := time.Now()
 	// Lost acks are reported once resolve has settled those in doubt.
-	settled, claimed, err := s.t.core.ExchangeLostUnreported(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
+	settled, claimed, err := s.p.core.ExchangeLostUnreported(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
 	if err != nil {
 		return 0, 0, 0, s.failed(acks, reserved, limit, err)
 	}
 	s.resolve(rctx, acks, settled)
 	for _, st := range settled {
 		if errors.Is(st.Err, pgtransport.ErrLeaseLost) {
-			s.t.core.LeaseLost("ack", st.Lease)
+			s.p.core.LeaseLost("ack", st.Lease)
 		}
 	}
 	s.mu.Lock()
@@ -532,7 +532,7 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	s.mu.Unlock()
 	if len(overflow) > 0 {
 		err := fmt.Errorf("stream: %d leases over MaxInFlight given back", len(overflow))
-		s.t.core.Logger().Error("pgtransport: stream: "+err.Error()+" (a bug: please report it)", slog.String("worker", s.cfg.WorkerID))
+		s.p.core.Logger().Error("pgtransport: stream: "+err.Error()+" (a bug: please report it)", slog.String("worker", s.cfg.WorkerID))
 		s.report(err)
 		s.giveBack(ctx, overflow)
 	}
@@ -548,7 +548,7 @@ func (s *Stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 // wedge the stream: with one ack and no claim the refusal is that ack's;
 // otherwise each ack goes back to be settled alone, with no claim. The
 // acks' leases stay held, as before their ack.
-func (s *Stream) failed(acks []ackRequest, reserved, limit int, err error) error {
+func (s *stream) failed(acks []ackRequest, reserved, limit int, err error) error {
 	leases := leasesOf(acks)
 	s.mu.Lock()
 	s.ledger.unreserve(reserved)
@@ -589,7 +589,7 @@ func (s *Stream) failed(acks []ackRequest, reserved, limit int, err error) error
 // could hold the group before our ack freed it: nil. Otherwise nobody can
 // tell: ErrOutcomeUnknown (the message is not queued any more; it was
 // acked, by this ack or by a later holder after the lease lapsed).
-func (s *Stream) resolve(ctx context.Context, acks []ackRequest, settled []core.Settled) {
+func (s *stream) resolve(ctx context.Context, acks []ackRequest, settled []core.Settled) {
 	var (
 		at     []int
 		leases []*pgtransport.Lease
@@ -606,7 +606,7 @@ func (s *Stream) resolve(ctx context.Context, acks []ackRequest, settled []core.
 	if len(at) == 0 {
 		return
 	}
-	pending, err := s.t.core.Pending(ctx, leases)
+	pending, err := s.p.core.Pending(ctx, leases)
 	checked := time.Now()
 	for j, i := range at {
 		switch {
@@ -635,7 +635,7 @@ func (t *Transport) detach(ctx context.Context, d time.Duration) (context.Contex
 }
 
 // waiterName is the waiter row to arm: none without notifications.
-func (s *Stream) waiterName() string {
+func (s *stream) waiterName() string {
 	if s.sub == nil {
 		return ""
 	}
@@ -644,11 +644,11 @@ func (s *Stream) waiterName() string {
 
 // waiterTTL outlives the longest sleep (IdleSweep) with room to spare, so
 // the row lapses soon after a consumer dies without removing it.
-func (s *Stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
+func (s *stream) waiterTTL() time.Duration { return 2*s.t.cfg.IdleSweep + 5*time.Second }
 
 // giveBackStale takes back from C the leases that waited there too long
 // and gives them back; the rest go back into C.
-func (s *Stream) giveBackStale(ctx context.Context) {
+func (s *stream) giveBackStale(ctx context.Context) {
 	now := time.Now()
 	var stale, keep []*pgtransport.Lease
 	waiting := s.drain()
@@ -665,7 +665,7 @@ func (s *Stream) giveBackStale(ctx context.Context) {
 		s.out <- l
 	}
 	if len(stale) > 0 { // not per message: once per sweep, when receivers fall behind
-		s.t.core.Logger().Info("pgtransport: stream: gave back leases that waited unreceived for half their visibility; its receivers are not keeping up (claims are held back a while)",
+		s.p.core.Logger().Info("pgtransport: stream: gave back leases that waited unreceived for half their visibility; its receivers are not keeping up (claims are held back a while)",
 			slog.String("worker", s.cfg.WorkerID), slog.Int("leases", len(stale)))
 	}
 	// Out of the ledger now, and back to the database from a goroutine of
@@ -685,7 +685,7 @@ func (s *Stream) giveBackStale(ctx context.Context) {
 }
 
 // drain takes every lease waiting in C out of it.
-func (s *Stream) drain() []*pgtransport.Lease {
+func (s *stream) drain() []*pgtransport.Lease {
 	var ls []*pgtransport.Lease
 	for {
 		select {
@@ -701,13 +701,13 @@ func (s *Stream) drain() []*pgtransport.Lease {
 // free at once, first in line, with the same head, the hand-out not
 // counted as an attempt, and each give-back wakes a parked caller here
 // (as core.Release does). It runs even when ctx has ended.
-func (s *Stream) giveBack(ctx context.Context, leases []*pgtransport.Lease) {
+func (s *stream) giveBack(ctx context.Context, leases []*pgtransport.Lease) {
 	s.forget(leases)
 	s.giveBackNow(ctx, leases)
 }
 
 // forget drops leases from the ledger: the stream no longer tracks them.
-func (s *Stream) forget(leases []*pgtransport.Lease) {
+func (s *stream) forget(leases []*pgtransport.Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range leases {
@@ -717,7 +717,7 @@ func (s *Stream) forget(leases []*pgtransport.Lease) {
 
 // giveBackNow gives leases the ledger no longer tracks back to the
 // database (core.Release), within 5 s.
-func (s *Stream) giveBackNow(ctx context.Context, leases []*pgtransport.Lease) {
+func (s *stream) giveBackNow(ctx context.Context, leases []*pgtransport.Lease) {
 	if len(leases) == 0 {
 		return
 	}
@@ -726,12 +726,12 @@ func (s *Stream) giveBackNow(ctx context.Context, leases []*pgtransport.Lease) {
 	var failed int
 	var last error
 	for _, l := range leases {
-		if err := s.t.core.Release(ctx, l); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
+		if err := s.p.core.Release(ctx, l); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 			failed, last = failed+1, err
 			s.report(err) // it comes back after its visibility instead
 		}
 	}
-	lg := s.t.core.Logger()
+	lg := s.p.core.Logger()
 	if failed > 0 {
 		lg.Warn("pgtransport: stream: could not give leases back; they come back when their visibility runs out",
 			slog.String("worker", s.cfg.WorkerID), slog.Int("leases", failed), slog.Any("error", last))
@@ -742,16 +742,16 @@ func (s *Stream) giveBackNow(ctx context.Context, leases []*pgtransport.Lease) {
 }
 
 // recover decides after a database error: false ends the stream.
-func (s *Stream) recover(ctx context.Context, err error, b *backoff.ExponentialBackOff) bool {
+func (s *stream) recover(ctx context.Context, err error, b *backoff.ExponentialBackOff) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	if errors.Is(err, pgtransport.ErrSchemaMissing) {
-		s.t.core.Logger().Error("pgtransport: stream stopped: the schema is missing", slog.String("worker", s.cfg.WorkerID), slog.Any("error", err))
+		s.p.core.Logger().Error("pgtransport: stream stopped: the schema is missing", slog.String("worker", s.cfg.WorkerID), slog.Any("error", err))
 		s.stop(err)
 		return false
 	}
-	s.outage.Failed(s.t.core.Logger(), "pgtransport: stream: database call failed; retrying with backoff", err, slog.String("worker", s.cfg.WorkerID))
+	s.outage.Failed(s.p.core.Logger(), "pgtransport: stream: database call failed; retrying with backoff", err, slog.String("worker", s.cfg.WorkerID))
 	s.report(err)
 	timer := time.NewTimer(b.NextBackOff())
 	defer timer.Stop()
@@ -763,7 +763,7 @@ func (s *Stream) recover(ctx context.Context, err error, b *backoff.ExponentialB
 	}
 }
 
-func (s *Stream) report(err error) {
+func (s *stream) report(err error) {
 	if s.cfg.OnError != nil {
 		s.cfg.OnError(err)
 	}
@@ -772,7 +772,7 @@ func (s *Stream) report(err error) {
 // finish runs as the stream stops: it stops taking acks and settles those
 // queued, gives back the leases still in C, records why it stopped, and
 // withdraws the waiter row and the subscription.
-func (s *Stream) finish(parent context.Context) {
+func (s *stream) finish(parent context.Context) {
 	if err := parent.Err(); err != nil && s.t.ctx.Err() == nil {
 		s.stop(err)
 	}
@@ -784,7 +784,7 @@ func (s *Stream) finish(parent context.Context) {
 	defer cancel()
 	for len(acks) > 0 {
 		_, _, freed, err := s.exchange(ctx, acks, 0)
-		s.t.parking.Wake(freed) // for other waiters here
+		s.p.parking.Wake(freed) // for other waiters here
 		s.mu.Lock()
 		if err != nil {
 			acks = s.acks.drain() // the acks sent, back in the queue
@@ -798,9 +798,9 @@ func (s *Stream) finish(parent context.Context) {
 	s.giveBack(ctx, s.drain())
 	if s.sub != nil {
 		s.sub.Close()
-		_ = s.t.core.Unwait(ctx, s.waiter) // best effort: the row lapses anyway
+		_ = s.p.core.Unwait(ctx, s.waiter) // best effort: the row lapses anyway
 	}
-	s.t.streams.remove(s)
+	s.p.streams.remove(s)
 	s.cancel() // unhooks ctx from the Transport's
 }
 

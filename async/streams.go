@@ -24,13 +24,13 @@ import (
 // worker's, with one lock of its own.
 type streamSet struct {
 	mu   stdsync.Mutex             // serialises add and remove
-	list atomic.Pointer[[]*Stream] // copied on write: lookups take no lock
+	list atomic.Pointer[[]*stream] // copied on write: lookups take no lock
 }
 
-func (ss *streamSet) add(s *Stream) {
+func (ss *streamSet) add(s *stream) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	var list []*Stream
+	var list []*stream
 	if old := ss.list.Load(); old != nil {
 		list = append(list, *old...)
 	}
@@ -38,14 +38,14 @@ func (ss *streamSet) add(s *Stream) {
 	ss.list.Store(&list)
 }
 
-func (ss *streamSet) remove(s *Stream) {
+func (ss *streamSet) remove(s *stream) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	old := ss.list.Load()
 	if old == nil {
 		return
 	}
-	list := make([]*Stream, 0, len(*old))
+	list := make([]*stream, 0, len(*old))
 	for _, o := range *old {
 		if o != s {
 			list = append(list, o)
@@ -55,7 +55,7 @@ func (ss *streamSet) remove(s *Stream) {
 }
 
 // find returns the first stream that may hold l for which f is true.
-func (ss *streamSet) find(l *pgtransport.Lease, f func(*Stream) bool) bool {
+func (ss *streamSet) find(l *pgtransport.Lease, f func(*stream) bool) bool {
 	list := ss.list.Load()
 	if list == nil || l == nil {
 		return false
@@ -71,7 +71,7 @@ func (ss *streamSet) find(l *pgtransport.Lease, f func(*Stream) bool) bool {
 // enqueue hands an ack of l to the stream that holds l; false if none
 // takes it (the caller acks on its own).
 func (ss *streamSet) enqueue(l *pgtransport.Lease) (done <-chan error, ok bool) {
-	ss.find(l, func(s *Stream) bool {
+	ss.find(l, func(s *stream) bool {
 		done, ok = s.enqueue(l)
 		return ok
 	})
@@ -80,18 +80,18 @@ func (ss *streamSet) enqueue(l *pgtransport.Lease) (done <-chan error, ok bool) 
 
 // release frees the slot of l, settled outside its stream's round-trips.
 func (ss *streamSet) release(l *pgtransport.Lease) {
-	ss.find(l, func(s *Stream) bool { return s.release(l) })
+	ss.find(l, func(s *stream) bool { return s.release(l) })
 }
 
 // extend records that l now holds until until and, after an AckNext that
 // kept the group, that next is the message it holds.
 func (ss *streamSet) extend(l, next *pgtransport.Lease, until time.Time) {
-	ss.find(l, func(s *Stream) bool { return s.extend(l, next, until) })
+	ss.find(l, func(s *stream) bool { return s.extend(l, next, until) })
 }
 
 // mayHold reports whether l's token is one of this stream's worker's
 // (core.NewToken prefixes the worker ID): a cheap filter before the lock.
-func (s *Stream) mayHold(l *pgtransport.Lease) bool {
+func (s *stream) mayHold(l *pgtransport.Lease) bool {
 	w := s.cfg.WorkerID
 	return strings.HasPrefix(l.Token, w) && len(l.Token) > len(w) && l.Token[len(w)] == ':'
 

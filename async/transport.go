@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/cluster"
 	"github.com/pgtransport/pgtransport/internal/core"
 	"github.com/pgtransport/pgtransport/notify"
 )
@@ -23,106 +24,167 @@ type Result[T any] struct {
 	Err   error
 }
 
-// Transport is the channel-based transport. Each call returns at once with a
-// channel that delivers its one result and is then left open (it is
-// buffered: nobody needs to receive). It is safe for concurrent use.
+// Transport is the channel-based transport over a queue of N >= 1
+// partitions: one database (New, FromDSN), or the databases a PL/Proxy
+// proxy routes over, reached directly (NewCluster, OpenCluster), as
+// sync.Transport says (see it for what spans partitions). Each call
+// returns at once with a channel that delivers its one result and is then
+// left open (it is buffered: nobody needs to receive). It is safe for
+// concurrent use. Each partition has its pool, its listener and its
+// streams' bookkeeping; every goroutine any of them starts is the
+// Transport's, and Close waits for it.
 type Transport struct {
-	core   *core.Core
-	pool   *pgxpool.Pool
-	owned  bool // Close closes pool (FromDSN)
+	cl     *cluster.Cluster
+	parts  []*part
 	cfg    pgtransport.Config
+	owned  []*pgxpool.Pool // closed by Close; set by FromDSN and OpenCluster
 	ctx    context.Context // ends as Close begins: streams and waits stop
 	cancel context.CancelFunc
 	hard   context.Context // ends closeGrace later: round-trips still out are cut off
 	abort  context.CancelFunc
 
-	listener *notify.Listener // nil with Config.DisableNotify, and when pollOnly
+	mu     stdsync.Mutex
+	closed bool
+	wg     stdsync.WaitGroup // every goroutine the Transport started
+	once   stdsync.Once      // Close's body: a second call waits for the first
+}
+
+// part is one partition's share of a Transport.
+type part struct {
+	core     *core.Core
+	pool     *pgxpool.Pool
+	listener *notify.Listener // nil with Config.Async.DisableNotify, and when pollOnly
 	release  func()           // gives the shared listener back
 	channel  string           // this schema's NOTIFY channel
 	pollOnly bool             // a transaction pooler and no ListenDSN: no notifications can arrive
-
-	mu      stdsync.Mutex
-	closed  bool
-	wg      stdsync.WaitGroup // every goroutine the Transport started
-	streams streamSet         // the running streams, asked which holds a lease
-	parking *core.Parking     // the core's: idle streams and ClaimWait callers of this Transport
+	streams  streamSet        // the running streams, asked which holds a lease
+	parking  *core.Parking    // the core's: idle streams and ClaimWait callers
 }
 
-// New returns a Transport on pool. Unless cfg.SkipApply, it first brings the
-// schema up to date. Unless cfg.DisableNotify, its streams share one LISTEN
-// connection per pool (taken out of the pool) with every other Transport on
-// the same pool; with cfg.ListenDSN, one per process and ListenDSN instead.
+// New returns a Transport on pool, one database. Unless cfg.SkipApply, it
+// first brings the schema up to date. Unless cfg.Async.DisableNotify, its
+// streams share one LISTEN connection per pool (taken out of the pool)
+// with every other Transport on the same pool; with cfg.Async.ListenDSN,
+// one per process and ListenDSN instead. The caller owns pool.
 //
 // Behind a transaction pooler (cfg.Pooling; detected on open unless it says)
 // it refuses a query exec mode that keeps session state
 // (pgtransport.ErrPoolerExecMode), and never listens on the pool, through
-// which no notification arrives: without cfg.ListenDSN its streams find
-// work every cfg.IdleSweep (Stream.PollOnly; logged once, at Warn).
+// which no notification arrives: without cfg.Async.ListenDSN its streams
+// find work every cfg.IdleSweep (Stream.PollOnly; logged once, at Warn).
 func New(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", pgtransport.ErrInvalidConfig)
 	}
-	c, err := core.New(ctx, pool, cfg)
+	cl, err := cluster.Single(ctx, pool, cfg)
 	if err != nil {
 		return nil, err
 	}
-	pooled := c.Pooled()
-	t := &Transport{core: c, pool: pool, cfg: c.Config(), parking: c.Parking()}
-	if !t.cfg.DisableNotify {
-		switch {
-		case t.cfg.ListenDSN != "":
-			t.listener, t.release = notify.SharedDSN(t.cfg.ListenDSN, t.listenConfig())
-		case pooled:
-			t.pollOnly = true
-			c.Logger().Warn("pgtransport: the pool goes through a transaction pooler, through which LISTEN delivers nothing: notifications are off, and idle streams look for work every IdleSweep; set Config.ListenDSN to a connection string straight to PostgreSQL to wake them at once",
-				slog.Duration("idle_sweep", t.cfg.IdleSweep))
-		default:
-			t.listener, t.release = notify.Shared(pool, t.listenConfig())
+	return open(ctx, cl, []*pgxpool.Pool{pool})
+}
+
+// NewCluster returns a Transport on a partitioned queue, pools[i] on
+// partition i's database, checked as sync.NewCluster checks them. The
+// caller owns the pools.
+func NewCluster(ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
+	cl, err := cluster.Open(ctx, pools, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return open(ctx, cl, pools)
+}
+
+// open is the Transport on cl, whose partition i runs on pools[i]: each
+// partition's listener, then the Transport's own goroutines.
+func open(ctx context.Context, cl *cluster.Cluster, pools []*pgxpool.Pool) (*Transport, error) {
+	t := &Transport{cl: cl, cfg: cl.Part(0).Config()}
+	for i, pool := range pools {
+		p, err := t.openPart(ctx, cl.Part(i), pool)
+		if err != nil {
+			t.releaseListeners()
+			return nil, fmt.Errorf("%s%w", partitionPrefix(cl.N(), i), err)
 		}
-		if t.listener != nil {
-			if t.channel, err = c.Channel(ctx); err != nil {
-				t.release()
-				return nil, err
-			}
-		}
+		t.parts = append(t.parts, p)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.hard, t.abort = context.WithCancel(context.Background())
-	if t.cfg.Vacuum > 0 {
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			t.vacuum()
-		}()
+	if t.cfg.Async.Vacuum > 0 {
+		for _, p := range t.parts {
+			t.wg.Go(func() { t.vacuum(p) })
+		}
 	}
 	return t, nil
 }
 
-// listenConfig is the shared listener's Config as this Transport would
-// have it. Its liveness probe notifies through the Transport's pool, also
-// when the pool goes through a transaction pooler (NOTIFY is the server's
-// to deliver) or to a new primary after a failover: so a listener left
-// on a host the pool no longer reaches hears nothing and reconnects.
-func (t *Transport) listenConfig() notify.Config {
-	return notify.Config{
-		Logger:       t.cfg.Logger,
-		PingInterval: t.cfg.ListenPing,
-		Probe:        notify.ProbeThrough(t.pool),
+// partitionPrefix names partition i in an error, over several.
+func partitionPrefix(n, i int) string {
+	if n == 1 {
+		return ""
+	}
+	return fmt.Sprintf("partition %d: ", i)
+}
+
+// openPart is partition c's share of t, on pool: its listener, unless
+// notifications are off or cannot arrive.
+func (t *Transport) openPart(ctx context.Context, c *core.Core, pool *pgxpool.Pool) (*part, error) {
+	p := &part{core: c, pool: pool, parking: c.Parking()}
+	if t.cfg.Async.DisableNotify {
+		return p, nil
+	}
+	switch {
+	case t.cfg.Async.ListenDSN != "":
+		p.listener, p.release = notify.SharedDSN(t.cfg.Async.ListenDSN, t.listenConfig(pool))
+	case c.Pooled():
+		p.pollOnly = true
+		c.Logger().Warn("pgtransport: the pool goes through a transaction pooler, through which LISTEN delivers nothing: notifications are off, and idle streams look for work every IdleSweep; set Config.Async.ListenDSN to a connection string straight to PostgreSQL to wake them at once",
+			slog.Duration("idle_sweep", t.cfg.IdleSweep))
+		return p, nil
+	default:
+		p.listener, p.release = notify.Shared(pool, t.listenConfig(pool))
+	}
+	var err error
+	if p.channel, err = c.Channel(ctx); err != nil {
+		p.release()
+		return nil, err
+	}
+	return p, nil
+}
+
+// releaseListeners gives back every partition's listener.
+func (t *Transport) releaseListeners() {
+	for _, p := range t.parts {
+		if p.release != nil {
+			p.release()
+		}
 	}
 }
 
-// vacuum is the goroutine Config.Vacuum asks for: it vacuums the queue
-// tables as they collect dead rows, until Close. A failed round (a role
-// that may not vacuum, a lost connection) is tried again next time.
-func (t *Transport) vacuum() {
-	tick := time.NewTicker(t.cfg.Vacuum)
+// listenConfig is the shared listener's Config as this Transport would
+// have it on pool. Its liveness probe notifies through the pool, also
+// when the pool goes through a transaction pooler (NOTIFY is the server's
+// to deliver) or to a new primary after a failover: so a listener left
+// on a host the pool no longer reaches hears nothing and reconnects.
+func (t *Transport) listenConfig(pool *pgxpool.Pool) notify.Config {
+	return notify.Config{
+		Logger:       t.cfg.Logger,
+		PingInterval: t.cfg.Async.ListenPing,
+		Probe:        notify.ProbeThrough(pool),
+	}
+}
+
+// vacuum is the goroutine Config.Async.Vacuum asks for on partition p: it
+// vacuums the queue tables as they collect dead rows, until Close. A
+// failed round (a role that may not vacuum, a lost connection) is tried
+// again next time.
+func (t *Transport) vacuum(p *part) {
+	tick := time.NewTicker(t.cfg.Async.Vacuum)
 	defer tick.Stop()
 	for {
 		select {
 		case <-t.ctx.Done():
 			return
 		case <-tick.C:
-			_, _ = t.core.Vacuum(t.ctx)
+			_, _ = p.core.Vacuum(t.ctx)
 		}
 	}
 }
@@ -135,13 +197,35 @@ func (t *Transport) vacuum() {
 // pool_max_conns: a stream uses up to two, each call in flight (a Fail,
 // a Publish) one, and notifications one more, outside the pool.
 func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
-	t, _, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
-		return New(ctx, pool, cfg)
-	})
+	pool, cfg, err := cluster.Connect(ctx, dsn, cfg)
 	if err != nil {
 		return nil, err
 	}
-	t.owned = true
+	t, err := New(ctx, pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	t.owned = []*pgxpool.Pool{pool}
+	return t, nil
+}
+
+// OpenCluster reads the partition map from the PL/Proxy proxy at proxyDSN
+// and connects to each partition, as sync.OpenCluster does; the Transport
+// owns the pools.
+func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (*Transport, error) {
+	pools, cfg, err := cluster.ConnectCluster(ctx, proxyDSN, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t, err := NewCluster(ctx, pools, cfg)
+	if err != nil {
+		for _, p := range pools {
+			p.Close()
+		}
+		return nil, err
+	}
+	t.owned = pools
 	return t, nil
 }
 
@@ -159,32 +243,25 @@ func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transpor
 // ErrClosed. Other round-trips in flight are not cancelled, so none ends
 // with an unknown outcome, unless still out after closeGrace (a server
 // that stopped answering): then their ctx is cancelled. Later calls
-// deliver ErrClosed. Closes the pool FromDSN opened. Safe to call twice.
+// deliver ErrClosed. Closes the pools FromDSN or OpenCluster opened. Safe
+// to call twice, and at once: a second call returns when the first has.
 func (t *Transport) Close() {
-	if t.beginClose() {
-		t.finishClose()
-	}
-}
-
-// beginClose is Close's first half, which waits for nothing: every later
-// call returns ErrClosed, streams and waits stop. False if the Transport
-// was closed already.
-func (t *Transport) beginClose() bool {
-	t.mu.Lock()
-	if t.closed {
+	t.once.Do(func() {
+		t.mu.Lock()
+		t.closed = true
 		t.mu.Unlock()
-		return false
-	}
-	t.closed = true
-	t.mu.Unlock()
-	t.cancel()
-	t.parking.Close()
-	return true
+		t.cancel()
+		for _, p := range t.parts {
+			p.parking.Close()
+		}
+		t.finishClose()
+	})
 }
 
 // finishClose is Close's second half: it waits for the Transport's
-// goroutines (cutting off round-trips still out after closeGrace), then
-// gives back the listener and closes an owned pool.
+// goroutines (cutting off round-trips still out after closeGrace) and
+// ClaimWait's waits over partitions, then gives back the listeners and
+// closes the owned pools.
 func (t *Transport) finishClose() {
 	done := make(chan struct{})
 	go func() { // owned by Close, which waits for it below
@@ -195,19 +272,62 @@ func (t *Transport) finishClose() {
 	select {
 	case <-done:
 	case <-grace.C:
-		t.core.Logger().Warn("pgtransport: close: round-trips still out after the grace period were cancelled; their outcome is unknown",
+		t.cl.Part(0).Logger().Warn("pgtransport: close: round-trips still out after the grace period were cancelled; their outcome is unknown",
 			"grace", closeGrace)
 		t.abort()
 		<-done
 	}
 	grace.Stop()
 	t.abort()
-	if t.release != nil {
-		t.release()
+	t.cl.Close()
+	t.releaseListeners()
+	for _, p := range t.owned {
+		p.Close()
 	}
-	if t.owned {
-		t.pool.Close()
-	}
+}
+
+// Partitions is the number of partitions: 1 on one database.
+func (t *Transport) Partitions() int { return t.cl.N() }
+
+// Home is the partition group lives on, as sync.Transport.Home.
+func (t *Transport) Home(group string) int { return t.cl.Home(group) }
+
+// Locate delivers the partition that holds group now, as
+// sync.Transport.Locate.
+func (t *Transport) Locate(ctx context.Context, group string) <-chan Result[int] {
+	return call(t, ctx, func(ctx context.Context) (int, error) { return t.cl.Locate(ctx, group) })
+}
+
+// Partition is the pool partition i runs on (the one given to New on one
+// database): begin the transaction of a PublishTx, AckTx or StateTx on
+// Partition(Locate(group)).
+func (t *Transport) Partition(i int) *pgxpool.Pool { return t.parts[i].pool }
+
+// of is the partition of the lease's message.
+func (t *Transport) of(l *pgtransport.Lease) *part { return t.parts[t.cl.Of(l)] }
+
+// onGroup is f on the Core of the partition that holds group now
+// (cluster.OnGroup), on a goroutine of t.
+func onGroup[T any](t *Transport, ctx context.Context, group string, f func(context.Context, *core.Core) (T, error)) <-chan Result[T] {
+	return call(t, ctx, func(ctx context.Context) (T, error) {
+		c, err := t.cl.OnGroup(ctx, group)
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		return f(ctx, c)
+	})
+}
+
+// onGroupErr is onGroup for a call that returns only an error.
+func onGroupErr(t *Transport, ctx context.Context, group string, f func(context.Context, *core.Core) error) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error {
+		c, err := t.cl.OnGroup(ctx, group)
+		if err != nil {
+			return err
+		}
+		return f(ctx, c)
+	})
 }
 
 // closeGrace is how long Close lets round-trips in flight finish before
@@ -222,7 +342,7 @@ const closeGrace = 5 * time.Second
 // A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Publish says.
 func (t *Transport) Publish(ctx context.Context, group, event string, priority int) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.Publish(ctx, group, event, priority)
+		return t.cl.PublishMessage(ctx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 	})
 }
 
@@ -230,9 +350,7 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 // or rolls back with the caller's own writes. The transaction is in use
 // until the result is delivered; do not use it meanwhile.
 func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan Result[int64] {
-	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.PublishTx(ctx, tx, group, event, priority)
-	})
+	return t.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
 // PublishMessage appends msg to its group's FIFO and delivers its seq;
@@ -243,7 +361,7 @@ func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event strin
 // A lost reply delivers ErrOutcomeUnknown, as sync.Transport.PublishMessage says.
 func (t *Transport) PublishMessage(ctx context.Context, msg pgtransport.Message) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.PublishMessage(ctx, msg)
+		return t.cl.PublishMessage(ctx, msg)
 	})
 }
 
@@ -252,7 +370,11 @@ func (t *Transport) PublishMessage(ctx context.Context, msg pgtransport.Message)
 // result is delivered; do not use it meanwhile.
 func (t *Transport) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtransport.Message) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.PublishMessageTx(ctx, tx, msg)
+		c, err := t.cl.TxPublish(ctx, tx, msg)
+		if err != nil {
+			return 0, fmt.Errorf("publish: %w", err)
+		}
+		return c.PublishMessageTx(ctx, tx, msg)
 	})
 }
 
@@ -264,7 +386,7 @@ func (t *Transport) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtrans
 // A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Claim says.
 func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
-		return t.core.Claim(ctx, workerID, visibility, minPriority)
+		return t.cl.Claim(ctx, workerID, visibility, minPriority)
 	})
 }
 
@@ -289,15 +411,16 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 // the acks batched with it are settled without it: one lease cannot stop a
 // stream.
 func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan error {
+	p := t.of(lease)
 	if ctx.Err() == nil {
-		if done, ok := t.streams.enqueue(lease); ok {
+		if done, ok := p.streams.enqueue(lease); ok {
 			return done // no goroutine of its own: the stream answers
 		}
 	}
 	return callErr(t, ctx, func(ctx context.Context) error {
-		err := t.core.Ack(ctx, lease)
+		err := p.core.Ack(ctx, lease)
 		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
-			t.forget(lease) // a stream stopping no longer batches acks
+			p.forget(lease) // a stream stopping no longer batches acks
 		}
 		return err
 	})
@@ -310,9 +433,10 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) <-chan er
 // A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Nack says.
 func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay time.Duration) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
-		err := t.core.Nack(ctx, lease, delay)
+		p := t.of(lease)
+		err := p.core.Nack(ctx, lease, delay)
 		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
-			t.forget(lease)
+			p.forget(lease)
 		}
 		return err
 	})
@@ -328,9 +452,10 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 // A lost reply delivers ErrOutcomeUnknown, as sync.Transport.Fail says.
 func (t *Transport) Fail(ctx context.Context, lease *pgtransport.Lease, cause error) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
-		_, err := t.core.Fail(ctx, lease, cause)
+		p := t.of(lease)
+		_, err := p.core.Fail(ctx, lease, cause)
 		if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
-			t.forget(lease)
+			p.forget(lease)
 		}
 		return err
 	})
@@ -343,9 +468,10 @@ func (t *Transport) Fail(ctx context.Context, lease *pgtransport.Lease, cause er
 func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan error {
 	return callErr(t, ctx, func(ctx context.Context) error {
 		start := time.Now()
-		err := t.core.Extend(ctx, lease, visibility)
+		p := t.of(lease)
+		err := p.core.Extend(ctx, lease, visibility)
 		if err == nil {
-			t.streams.extend(lease, nil, start.Add(visibility))
+			p.streams.extend(lease, nil, start.Add(visibility))
 		}
 		return err
 	})
@@ -359,7 +485,7 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message) <-chan Result[[]int64] {
 	return call(t, ctx, func(ctx context.Context) ([]int64, error) {
-		return t.core.PublishMany(ctx, msgs)
+		return t.cl.PublishMany(ctx, msgs)
 	})
 }
 
@@ -369,7 +495,7 @@ func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message)
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility time.Duration, minPriority int) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
-		return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
+		return t.cl.ClaimWait(ctx, workerID, visibility, minPriority)
 	})
 }
 
@@ -379,7 +505,7 @@ func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility t
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility time.Duration, minPriority, max int) <-chan Result[[]*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) ([]*pgtransport.Lease, error) {
-		return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
+		return t.cl.ClaimMany(ctx, workerID, visibility, minPriority, max)
 	})
 }
 
@@ -389,12 +515,14 @@ func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility t
 // A lost reply (or ctx ending while it runs): ErrOutcomeUnknown, as there.
 func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-chan Result[[]error] {
 	return call(t, ctx, func(ctx context.Context) ([]error, error) {
-		errs, err := t.core.AckMany(ctx, leases)
-		if err != nil {
-			return nil, err
+		errs, err := t.cl.AckMany(ctx, leases)
+		for k, l := range leases {
+			if k < len(errs) && (errs[k] == nil || errors.Is(errs[k], pgtransport.ErrLeaseLost)) {
+				t.of(l).forget(l) // settled or lost: no stream holds it now
+			}
 		}
-		for _, l := range leases { // settled or lost: no stream holds it now
-			t.forget(l)
+		if err != nil {
+			return errs, err
 		}
 		return errs, nil
 	})
@@ -410,12 +538,13 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) <-
 func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visibility time.Duration) <-chan Result[*pgtransport.Lease] {
 	return call(t, ctx, func(ctx context.Context) (*pgtransport.Lease, error) {
 		start := time.Now()
-		next, err := t.core.AckNext(ctx, lease, visibility)
+		p := t.of(lease)
+		next, err := p.core.AckNext(ctx, lease, visibility)
 		switch {
 		case next != nil:
-			t.streams.extend(lease, next, start.Add(visibility)) // the same lease, on
+			p.streams.extend(lease, next, start.Add(visibility)) // the same lease, on
 		case err == nil || errors.Is(err, pgtransport.ErrLeaseLost):
-			t.forget(lease)
+			p.forget(lease)
 		}
 		return next, err
 	})
@@ -425,7 +554,7 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 // as sync.Transport.DeadLetters.
 func (t *Transport) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuery) <-chan Result[[]pgtransport.DeadLetter] {
 	return call(t, ctx, func(ctx context.Context) ([]pgtransport.DeadLetter, error) {
-		return t.core.DeadLetters(ctx, q)
+		return t.cl.DeadLetters(ctx, q)
 	})
 }
 
@@ -436,7 +565,7 @@ func (t *Transport) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQue
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.Redrive(ctx, f)
+		return t.cl.Redrive(ctx, f)
 	})
 }
 
@@ -446,7 +575,7 @@ func (t *Transport) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter)
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) <-chan Result[int64] {
 	return call(t, ctx, func(ctx context.Context) (int64, error) {
-		return t.core.PurgeDeadLetters(ctx, f)
+		return t.cl.PurgeDeadLetters(ctx, f)
 	})
 }
 
@@ -456,17 +585,17 @@ func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLett
 //
 // A lost reply: ErrOutcomeUnknown, as there.
 func (t *Transport) RestartGroup(ctx context.Context, group string, skipHead bool) <-chan error {
-	return callErr(t, ctx, func(ctx context.Context) error {
-		return t.core.RestartGroup(ctx, group, skipHead)
+	return onGroupErr(t, ctx, group, func(ctx context.Context, c *core.Core) error {
+		return c.RestartGroup(ctx, group, skipHead)
 	})
 }
 
 // forget frees the stream slot of a lease settled outside its stream.
-func (t *Transport) forget(l *pgtransport.Lease) {
+func (p *part) forget(l *pgtransport.Lease) {
 	if l == nil {
 		return
 	}
-	t.streams.release(l)
+	p.streams.release(l)
 }
 
 // call runs f on its own goroutine, owned by t, and delivers the result on a buffered channel.
@@ -499,6 +628,20 @@ func (t *Transport) do(ctx context.Context, f func(context.Context), closed func
 	}) {
 		closed()
 	}
+}
+
+// spawnAll starts each of fs on a goroutine the Transport waits for at
+// Close, all or (after Close) none.
+func (t *Transport) spawnAll(fs []func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	for _, f := range fs {
+		t.wg.Go(f)
+	}
+	return true
 }
 
 // spawn starts f on a goroutine the Transport waits for at Close; false

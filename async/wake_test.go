@@ -230,7 +230,7 @@ func TestLocalAckWakes(t *testing.T) {
 func TestNotifyOff(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	tr, _, db := setup(t, pgtransport.Config{DisableNotify: true, IdleSweep: 50 * time.Millisecond})
+	tr, _, db := setup(t, pgtransport.Config{IdleSweep: 50 * time.Millisecond, Async: pgtransport.AsyncConfig{DisableNotify: true}})
 	notes := listenTo(t, db)
 	s := stream(t, tr, async.StreamConfig{})
 	// Kept: the case is about what idle sweeps do over time, and a sweep

@@ -23,17 +23,20 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 	if err != nil {
 		return err
 	}
-	s, err := t.workStream(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer s.Close() // waits for it; it stops as ctx ends anyway
-	return worker.Run(ctx, t.workerConfig(cfg), &feed{t: t, s: s}, h)
+	return t.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		p := t.parts[i]
+		s, err := t.workStream(ctx, p, cfg)
+		if err != nil {
+			return err
+		}
+		defer s.Close() // waits for it; it stops as ctx ends anyway
+		return worker.Run(ctx, t.workerConfig(p, cfg), &feed{p: p, s: s}, h)
+	})
 }
 
 // workStream is the stream a runtime of cfg (checked) takes its leases from.
-func (t *Transport) workStream(ctx context.Context, cfg pgtransport.WorkerConfig) (*Stream, error) {
-	return t.Stream(ctx, StreamConfig{
+func (t *Transport) workStream(ctx context.Context, p *part, cfg pgtransport.WorkerConfig) (*stream, error) {
+	return t.startStream(ctx, p, StreamConfig{
 		WorkerID:    cfg.WorkerID,
 		Visibility:  cfg.Visibility,
 		MinPriority: cfg.MinPriority,
@@ -42,10 +45,10 @@ func (t *Transport) workStream(ctx context.Context, cfg pgtransport.WorkerConfig
 }
 
 // workerConfig is the runtime's configuration for cfg (checked).
-func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
+func (t *Transport) workerConfig(p *part, cfg pgtransport.WorkerConfig) worker.Config {
 	return worker.Config{
 		WorkerConfig: cfg,
-		Logger:       t.core.Logger(),
+		Logger:       p.core.Logger(),
 		Observer:     t.cfg.Observer,
 		Abandon:      pgtransport.AbandonTimeout,
 	}
@@ -55,8 +58,8 @@ func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
 // from one stream, and settle them through the Transport, which keeps the
 // stream's ledger (its slot count) in step.
 type feed struct {
-	t *Transport
-	s *Stream
+	p *part
+	s *stream
 }
 
 // Next receives a lease from the stream. A closed channel means the
@@ -80,41 +83,41 @@ func (f *feed) Next(stop context.Context) (*pgtransport.Lease, error) {
 // Ack queues the ack for the stream's next round-trip (pending delivers
 // its outcome), or acks at once if the stream no longer holds l.
 func (f *feed) Ack(ctx context.Context, l *pgtransport.Lease, _ bool) (*pgtransport.Lease, <-chan error, error) {
-	if done, ok := f.t.streams.enqueue(l); ok {
+	if done, ok := f.p.streams.enqueue(l); ok {
 		return nil, done, nil
 	}
-	err := f.t.core.Ack(ctx, l)
-	f.t.forget(l)
+	err := f.p.core.Ack(ctx, l)
+	f.p.forget(l)
 	return nil, nil, err
 }
 
 func (f *feed) Fail(ctx context.Context, l *pgtransport.Lease, cause error) error {
-	_, err := f.t.core.Fail(ctx, l, cause)
+	_, err := f.p.core.Fail(ctx, l, cause)
 	if err == nil || errors.Is(err, pgtransport.ErrLeaseLost) {
-		f.t.forget(l)
+		f.p.forget(l)
 	}
 	return err
 }
 
 func (f *feed) Release(ctx context.Context, l *pgtransport.Lease) error {
-	err := f.t.core.Release(ctx, l)
-	f.t.forget(l)
+	err := f.p.core.Release(ctx, l)
+	f.p.forget(l)
 	return err
 }
 
-func (f *feed) Lost(l *pgtransport.Lease) { f.t.forget(l) }
+func (f *feed) Lost(l *pgtransport.Lease) { f.p.forget(l) }
 
 // Extend extends the leases and books their new ends in the stream's
 // ledger, which would otherwise count them lapsed.
 func (f *feed) Extend(ctx context.Context, leases []*pgtransport.Lease, visibility time.Duration) ([]error, error) {
 	start := time.Now()
-	errs, err := f.t.core.ExtendMany(ctx, leases, visibility)
+	errs, err := f.p.core.ExtendMany(ctx, leases, visibility)
 	if err != nil {
 		return nil, err
 	}
 	for i, l := range leases {
 		if errs[i] == nil {
-			f.t.streams.extend(l, nil, start.Add(visibility))
+			f.p.streams.extend(l, nil, start.Add(visibility))
 		}
 	}
 	return errs, nil

@@ -175,7 +175,7 @@ func quiet(ctx context.Context, err error) error {
 // asyncDrainer: one stream holding up to W leases, drained by W goroutines
 // that ack what they receive (River's shape: W workers, at most W jobs
 // fetched at once). Its acks are settled in batches, with the next claims.
-// It drains an async.Transport, or an async.Cluster (whose stream is one
+// It drains an async.Transport, or an async.Transport (whose stream is one
 // per partition, merged).
 type asyncDrainer struct {
 	stream func(ctx context.Context, cfg async.StreamConfig) (leaseStream, error)
@@ -197,7 +197,7 @@ func transportDrainer(tr *async.Transport) asyncDrainer {
 	}
 }
 
-func clusterDrainer(c *async.Cluster) asyncDrainer {
+func clusterDrainer(c *async.Transport) asyncDrainer {
 	return asyncDrainer{
 		stream: func(ctx context.Context, cfg async.StreamConfig) (leaseStream, error) { return c.Stream(ctx, cfg) },
 		ack:    c.Ack, shut: c.Close,

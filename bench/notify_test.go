@@ -38,7 +38,7 @@ func BenchmarkPublishNotify(b *testing.B) {
 func publishNotify(b *testing.B, mode string, publishers, events int) {
 	db := pgtest.New(b, int32(publishers)+8)
 	ctx := context.Background()
-	cfg := pgtransport.Config{Schema: db.Schema, DisableNotify: mode == "off"}
+	cfg := pgtransport.Config{Schema: db.Schema, Async: pgtransport.AsyncConfig{DisableNotify: mode == "off"}}
 	pub, err := pgsync.New(ctx, db.Pool, cfg)
 	if err != nil {
 		b.Fatal(err)

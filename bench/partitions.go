@@ -15,7 +15,7 @@ import (
 
 // The partitions suite (issue 18): the async claim+ack (one stream of
 // MaxInFlight W drained by W goroutines that ack, as suite claimack's
-// async) through an async.Cluster over N partition databases (1, 2, 4),
+// async) through an async.Transport over N partition databases (1, 2, 4),
 // over 10,000 groups. The Cluster talks to each partition directly: a
 // stream per partition with its share of the stream's MaxInFlight,
 // merged. Two ways to grow:
@@ -123,7 +123,7 @@ func (r *runner) clusterDrain(ctx context.Context, parts, workers int) (rate, cp
 // partition at the same W.
 func partitionsTable(r *runner) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n### The async claim+ack over partitions (async.Cluster, %s groups)\n\n", count(partitionGroups))
+	fmt.Fprintf(&b, "\n### The async claim+ack over partitions (async.Transport, %s groups)\n\n", count(partitionGroups))
 	b.WriteString("One stream drained by as many goroutines as it holds leases, over N partition databases, each partition's stream with its share; measured in turns. split: W leases in flight in all (W/N per partition); each: W per partition (N·W in all). All partitions on this machine (one CPU budget): the CPU per message is the figure that carries to separate machines.\n\n")
 	b.WriteString("| partitions | W | in flight per partition | msgs/s | CPU µs/msg | CPU vs 1 partition |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, res := range r.results {

@@ -50,7 +50,7 @@ func (r *runner) poison(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	cfg := pgtransport.Config{Schema: db.Schema, MaxAttempts: poisonAttempts, RetryBackoffMin: poisonBackoff, RetryBackoffMax: poisonBackMax}
+	cfg := pgtransport.Config{Schema: db.Schema, Policy: &pgtransport.Policy{MaxAttempts: poisonAttempts, RetryBackoffMin: poisonBackoff, RetryBackoffMax: poisonBackMax}}
 	tr, err := async.New(ctx, db.Pool, cfg)
 	if err != nil {
 		return err

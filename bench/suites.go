@@ -172,7 +172,7 @@ func (r *runner) publishOnce(ctx context.Context, publishers, _ int, notify bool
 		return 0, err
 	}
 	defer func() { _ = db.Drop() }()
-	cfg := pgtransport.Config{Schema: db.Schema, DisableNotify: !notify}
+	cfg := pgtransport.Config{Schema: db.Schema, Async: pgtransport.AsyncConfig{DisableNotify: !notify}}
 	pub, err := pgsync.New(ctx, db.Pool, cfg)
 	if err != nil {
 		return 0, err

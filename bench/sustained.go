@@ -18,7 +18,7 @@ import (
 // 10,000 groups) for d while one publisher keeps the backlog topped up
 // with PublishMany, and reports acks per minute, the tables' size and
 // dead rows at the start and the end. The transport vacuums its tables
-// (Config.Vacuum), since autovacuum may be off. Run by -sustained, not by
+// (Config.Async.Vacuum), since autovacuum may be off. Run by -sustained, not by
 // default. With hold, another session holds a snapshot open for that long
 // from the start; with fresh, the run is on a throwaway cluster with
 // autovacuum on, and each minute also reports that cluster's CPU per
@@ -27,7 +27,7 @@ import (
 // index entries each index has returned so far.
 func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 	const workers, groups, backlog = 64, 10_000, 40_000
-	cfg := pgtransport.Config{Vacuum: 10 * time.Second} // this machine's server runs with autovacuum off
+	cfg := pgtransport.Config{Async: pgtransport.AsyncConfig{Vacuum: 10 * time.Second}} // this machine's server runs with autovacuum off
 	serverCPU := func() (time.Duration, error) { return 0, nil }
 	if fresh {
 		c, err := pgtest.StartCluster()
@@ -37,7 +37,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 		defer c.Stop()
 		serverCPU = c.CPU
 		os.Setenv("TEST_DATABASE_URL", c.DSN())
-		cfg.Vacuum = 0 // autovacuum is on, at its defaults
+		cfg.Async.Vacuum = 0 // autovacuum is on, at its defaults
 		fmt.Println("a throwaway cluster, autovacuum on at its defaults")
 	}
 	db, err := pgtest.Open(workers + 8)

@@ -30,10 +30,7 @@ func TestEndToEnd(t *testing.T) {
 	is.NoErr(err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tr, err := pgsync.FromDSN(ctx, dsn, pgtransport.Config{
-		Schema: schema, Observer: obs, Logger: slog.New(slog.DiscardHandler),
-		MaxAttempts: 2, RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond,
-	})
+	tr, err := pgsync.FromDSN(ctx, dsn, pgtransport.Config{Schema: schema, Observer: obs, Logger: slog.New(slog.DiscardHandler), Policy: &pgtransport.Policy{MaxAttempts: 2, RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond}})
 	is.NoErr(err) // open the transport
 	defer tr.Close()
 	unregister, err := obs.ObserveStats(tr.Stats, metrics.StatsOptions{MinInterval: time.Nanosecond})

@@ -510,7 +510,7 @@ func SQL() string {
 // role that may (the owner). The role needs no other privilege; it cannot
 // change the tables or replace the functions (only their owner, the role
 // that applies the schema, can), and it cannot VACUUM them
-// (Config.Vacuum needs the owner too). Identifiers are quoted. An empty
+// (Config.Async.Vacuum needs the owner too). Identifiers are quoted. An empty
 // role is ErrInvalidConfig; a schema name ValidateName refuses is
 // ErrInvalidSchema.
 func Grants(schema, role string) (string, error) {

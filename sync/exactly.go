@@ -35,14 +35,18 @@ func (t *Transport) AckTx(ctx context.Context, tx pgx.Tx, lease *pgtransport.Lea
 	if err := t.check("ack"); err != nil {
 		return err
 	}
-	return t.core.AckTx(ctx, tx, lease)
+	c, err := t.cl.TxLease(ctx, tx, lease)
+	if err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	return c.AckTx(ctx, tx, lease)
 }
 
 // AckStateTx is AckTx that also saves state as the lease's group state,
 // fenced as the ack is: a holder whose lease was lost gets ErrLeaseLost
 // and can never overwrite the state. nil clears the state. State reads it
 // back (also after the group drains, for the queue's
-// Config.StateRetention). A state longer than pgtransport.MaxStateSize is
+// Policy.StateRetention). A state longer than pgtransport.MaxStateSize is
 // ErrStateTooLarge, and nothing is written (tx is still usable). This is
 // the step of an event-sourced consumer: read S(n-1) with StateTx, apply
 // message n, save S(n) with its ack, in one transaction.
@@ -50,19 +54,24 @@ func (t *Transport) AckStateTx(ctx context.Context, tx pgx.Tx, lease *pgtranspor
 	if err := t.check("ack"); err != nil {
 		return err
 	}
-	return t.core.AckStateTx(ctx, tx, lease, state)
+	c, err := t.cl.TxLease(ctx, tx, lease)
+	if err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	return c.AckStateTx(ctx, tx, lease, state)
 }
 
 // State returns group's state (nil: none), as the last AckStateTx of the
 // group saved it; after the group drains, for the queue's
-// Config.StateRetention. Reading is not fenced: any caller may read any
+// Policy.StateRetention. Reading is not fenced: any caller may read any
 // group's state. Read it with StateTx inside the transaction that acks
 // with AckStateTx.
 func (t *Transport) State(ctx context.Context, group string) ([]byte, error) {
-	if err := t.check("state"); err != nil {
+	c, err := t.group(ctx, "state", group)
+	if err != nil {
 		return nil, err
 	}
-	return t.core.State(ctx, group)
+	return c.State(ctx, group)
 }
 
 // StateTx is State inside the caller's transaction tx.
@@ -70,7 +79,11 @@ func (t *Transport) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byt
 	if err := t.check("state"); err != nil {
 		return nil, err
 	}
-	return t.core.StateTx(ctx, tx, group)
+	c, err := t.cl.TxGroup(ctx, tx, group)
+	if err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	return c.StateTx(ctx, tx, group)
 }
 
 // WorkTx is Work for a transactional handler: each message is handled
@@ -99,7 +112,10 @@ func (t *Transport) WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h 
 	if err != nil {
 		return err
 	}
-	return worker.RunTx(ctx, t.workerConfig(cfg), &txFeed{feed{c: t.core, cfg: cfg}}, h)
+	return t.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		c := t.cl.Part(i)
+		return worker.RunTx(ctx, workerConfig(c, cfg), &txFeed{feed{c: c, cfg: cfg}}, h)
+	})
 }
 
 // txFeed is WorkTx's worker.TxFeed: Work's feed, and the calls of a

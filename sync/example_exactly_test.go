@@ -30,8 +30,8 @@ func ExampleTransport_WorkTx() {
 
 	ctx := context.Background()
 	tr, err := pgsync.New(ctx, db.Pool, pgtransport.Config{ // a pool whose search_path finds the ledger
-		Schema:         db.Schema,
-		StateRetention: 24 * time.Hour, // an account's balance outlives a quiet spell
+		Schema: db.Schema,
+		Policy: &pgtransport.Policy{StateRetention: 24 * time.Hour}, // an account's balance outlives a quiet spell
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -24,7 +24,7 @@ func (t *Transport) Stats(ctx context.Context) (pgtransport.Stats, error) {
 	if err := t.check("stats"); err != nil {
 		return pgtransport.Stats{}, err
 	}
-	return t.core.Stats(ctx)
+	return t.cl.Stats(ctx)
 }
 
 // Groups returns a page of the queue's groups: those in q.State (""
@@ -39,7 +39,7 @@ func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgt
 	if err := t.check("groups"); err != nil {
 		return nil, err
 	}
-	return t.core.Groups(ctx, q)
+	return t.cl.Groups(ctx, q)
 }
 
 // Group returns one group as Groups lists it: its state, holder (the
@@ -48,10 +48,11 @@ func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgt
 // published to, or drained and not paused); ErrInvalidGroup for an empty
 // id or one holding NUL. A read. One round-trip.
 func (t *Transport) Group(ctx context.Context, group string) (pgtransport.GroupInfo, error) {
-	if err := t.check("group"); err != nil {
+	c, err := t.group(ctx, "group", group)
+	if err != nil {
 		return pgtransport.GroupInfo{}, err
 	}
-	return t.core.Group(ctx, group)
+	return c.Group(ctx, group)
 }
 
 // Peek returns the group's next n messages (n from 1 to
@@ -60,10 +61,11 @@ func (t *Transport) Group(ctx context.Context, group string) (pgtransport.GroupI
 // had not run. ErrUnknownGroup if the group has no row and no message;
 // ErrInvalidGroup as Group. A read. One round-trip.
 func (t *Transport) Peek(ctx context.Context, group string, n int) ([]pgtransport.PeekedMessage, error) {
-	if err := t.check("peek"); err != nil {
+	c, err := t.group(ctx, "peek", group)
+	if err != nil {
 		return nil, err
 	}
-	return t.core.Peek(ctx, group, n)
+	return c.Peek(ctx, group, n)
 }
 
 // PauseGroup pauses group: from its commit no claim hands it out (Claim,
@@ -77,10 +79,11 @@ func (t *Transport) Peek(ctx context.Context, group string, n int) ([]pgtranspor
 // A lost reply (ErrOutcomeUnknown): paused or not; pausing again makes
 // sure.
 func (t *Transport) PauseGroup(ctx context.Context, group string) error {
-	if err := t.check("pause group"); err != nil {
+	c, err := t.group(ctx, "pause group", group)
+	if err != nil {
 		return err
 	}
-	return t.core.PauseGroup(ctx, group)
+	return c.PauseGroup(ctx, group)
 }
 
 // ResumeGroup puts a paused group back into the round-robin, its messages
@@ -92,10 +95,11 @@ func (t *Transport) PauseGroup(ctx context.Context, group string) error {
 // A lost reply (ErrOutcomeUnknown): resumed or not; resuming again makes
 // sure.
 func (t *Transport) ResumeGroup(ctx context.Context, group string) error {
-	if err := t.check("resume group"); err != nil {
+	c, err := t.group(ctx, "resume group", group)
+	if err != nil {
 		return err
 	}
-	return t.core.ResumeGroup(ctx, group)
+	return c.ResumeGroup(ctx, group)
 }
 
 // PurgeGroup deletes group's oldest limit messages (0: all of them;
@@ -115,8 +119,33 @@ func (t *Transport) ResumeGroup(ctx context.Context, group string) error {
 // A lost reply (ErrOutcomeUnknown): purged or not; a purge with a limit
 // may then delete up to limit more if called again.
 func (t *Transport) PurgeGroup(ctx context.Context, group string, limit int) (int64, error) {
-	if err := t.check("purge group"); err != nil {
+	c, err := t.group(ctx, "purge group", group)
+	if err != nil {
 		return 0, err
 	}
-	return t.core.PurgeGroup(ctx, group, limit)
+	return c.PurgeGroup(ctx, group, limit)
+}
+
+// SetPolicy makes p the queue's policy (see pgtransport.Policy): whole,
+// a zero field its default. It is kept in the database, so every consumer
+// of the queue applies it from its next decision on, plain-SQL ones
+// included; over partitions it is written on each, at once, not
+// atomically across (an error names the partitions that failed: set it
+// again). A bad p is ErrInvalidConfig, and nothing is written. Needs a
+// role that may update transport_policy (the queue's owner, not a
+// worker's: docs/operating.md, "Least privilege").
+func (t *Transport) SetPolicy(ctx context.Context, p pgtransport.Policy) error {
+	if err := t.check("set policy"); err != nil {
+		return err
+	}
+	return t.cl.SetPolicy(ctx, p)
+}
+
+// Policy returns the queue's policy as stored (MaxAttempts Unlimited for
+// a queue that never exhausts a message).
+func (t *Transport) Policy(ctx context.Context) (pgtransport.Policy, error) {
+	if err := t.check("policy"); err != nil {
+		return pgtransport.Policy{}, err
+	}
+	return t.cl.Policy(ctx)
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
@@ -26,7 +26,7 @@ import (
 // TestMain checks, after the tests, that no goroutine of the core is left:
 // a Cluster's ClaimWait waits end by its Close.
 func TestMain(m *testing.M) {
-	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core")
+	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core", "github.com/pgtransport/pgtransport/internal/cluster", "github.com/pgtransport/pgtransport/sync")
 }
 
 func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {

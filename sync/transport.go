@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/cluster"
 	"github.com/pgtransport/pgtransport/internal/core"
 )
 
@@ -17,22 +18,59 @@ import (
 // concurrent use), a *pgx.Conn (one goroutine at a time) or a pgx.Tx.
 type DBTX = core.DBTX
 
-// Transport is the blocking transport. It is safe for concurrent use when its
-// DBTX is (a pool is).
+// Transport is the blocking transport over a queue of N >= 1 partitions:
+// one database (New, FromDSN), or the databases a PL/Proxy proxy routes
+// over, reached directly (NewCluster, OpenCluster; docs/partitions.md).
+// It is safe for concurrent use when its DBTX is (a pool is). It starts
+// no goroutine on one database; over partitions, only ClaimWait, Work and
+// the calls that span partitions do, and they end before the call returns
+// (or, for ClaimWait's waits, by Close).
+//
+// A group lives on one partition (Home), so its order, its one holder and
+// the fencing of its leases are that partition's, and hold as on one
+// database. What spans partitions:
+//
+//   - Claim, ClaimMany and ClaimWait try the partitions in turn, from a
+//     start that moves with each claim, until they lease: a claim comes
+//     back empty only when no partition it reached has claimable work (a
+//     partition that fails is passed over). The priority floor applies on
+//     every partition. ClaimWait waits on every partition at once.
+//   - PublishMany and AckMany split by partition: atomic per partition,
+//     not across (see PublishMany).
+//   - DeadLetters, Redrive, PurgeDeadLetters, Stats and Groups read or act
+//     on every partition and merge.
+//   - Work and WorkTx run one runtime per partition, each with its share
+//     of cfg.Concurrency (at least one slot each).
+//   - PublishTx, PublishMessageTx, AckTx, AckStateTx and StateTx run in
+//     the caller's transaction, which must be on the database of the
+//     group's partition (Partition(Locate(group))): atomic with the
+//     caller's writes there only. Another database's transaction is
+//     refused (ErrInvalidConfig) before anything is written.
+//   - While the cluster grows from N/2 partitions to N (docs/partitions.md,
+//     "Growing"), a group whose home changed lives in its old partition
+//     until it has nothing there: its calls locate it first (one
+//     round-trip to the old partition) and its publishes try the old
+//     partition first. A Transport opened before the growth keeps working,
+//     but a publish of a group that has left is refused with
+//     ErrGroupMoved: reopen it.
 type Transport struct {
-	core   *core.Core    // also parks ClaimWait callers and wakes them
-	owned  *pgxpool.Pool // closed by Close; set by FromDSN only
-	closed atomic.Bool   // set by Close: every later call returns ErrClosed
+	cl     *cluster.Cluster
+	owned  []*pgxpool.Pool // closed by Close; set by FromDSN and OpenCluster
+	closed atomic.Bool     // set by Close: every later call returns ErrClosed
 }
 
-// New returns a Transport on db. Unless cfg.SkipApply, it first brings the
-// schema up to date (idempotent; safe from many workers at once).
+// New returns a Transport on db, one database. Unless cfg.SkipApply, it
+// first brings the schema up to date (idempotent; safe from many workers
+// at once). The caller owns db.
 func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Transport, error) {
-	c, err := core.New(ctx, db, cfg)
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	cl, err := cluster.Single(ctx, db, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{core: c}, nil
+	return &Transport{cl: cl}, nil
 }
 
 // FromDSN connects to dsn with a pool and returns a Transport that owns it.
@@ -49,30 +87,93 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Transport, erro
 // loops, wants pool_max_conns=Concurrency+4 (or a pool of your own, with
 // New).
 func FromDSN(ctx context.Context, dsn string, cfg pgtransport.Config) (*Transport, error) {
-	t, pool, err := core.FromDSN(ctx, dsn, cfg, func(pool *pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
-		return New(ctx, pool, cfg)
-	})
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	pool, cfg, err := cluster.Connect(ctx, dsn, cfg)
 	if err != nil {
 		return nil, err
 	}
-	t.owned = pool
+	t, err := New(ctx, pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	t.owned = []*pgxpool.Pool{pool}
 	return t, nil
+}
+
+// NewCluster returns a Transport on a partitioned queue: pools[i] on
+// partition i's database, as many as the proxy's cluster lists (a power
+// of two), in its order. It opens the queue on each (so the schema is
+// brought up to date unless cfg.SkipApply) and checks that each database
+// is the partition its place names (schema.Partition numbered it so) and
+// hashes groups as the proxy does; a pool in the wrong place, a partition
+// not numbered, or a grown cluster given without its new partitions, is
+// ErrInvalidConfig. The caller owns the pools.
+func NewCluster(ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config) (*Transport, error) {
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	cl, err := cluster.Open(ctx, pools, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{cl: cl}, nil
+}
+
+// OpenCluster reads the partition map from the PL/Proxy proxy at proxyDSN
+// (its cluster pgtransport, in cfg.Schema, as schema.ApplyProxy checked
+// it; a cluster changed since is ErrInvalidConfig), connects to each
+// partition as FromDSN does (retrying up to cfg.MaxConnectWait), with
+// proxyDSN's role, password unless the partition's string has one,
+// session settings and pool size, and returns the Transport on them
+// (NewCluster), which owns the pools. The proxy is not used after.
+func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (*Transport, error) {
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	pools, cfg, err := cluster.ConnectCluster(ctx, proxyDSN, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t, err := NewCluster(ctx, pools, cfg)
+	if err != nil {
+		for _, p := range pools {
+			p.Close()
+		}
+		return nil, err
+	}
+	t.owned = pools
+	return t, nil
+}
+
+// checkConfig refuses the settings the blocking transport cannot honour:
+// Config.Async's, which only an async Transport acts on.
+func checkConfig(cfg pgtransport.Config) error {
+	if cfg.Async != (pgtransport.AsyncConfig{}) {
+		return fmt.Errorf("%w: Config.Async is the async transport's (notifications, ListenDSN, ListenPing, Vacuum); the blocking transport cannot honour it: leave it zero", pgtransport.ErrInvalidConfig)
+	}
+	return nil
 }
 
 // Close closes the Transport: a ClaimWait waiting for work returns
 // ErrClosed at once, and every later call returns ErrClosed (errors.Is),
-// however the Transport was made. A Transport from FromDSN also closes its
-// pool, once the round-trips in flight have finished (a call that had not
-// reached the pool yet returns ErrClosed too); a lease a ClaimWait claims
-// at that very instant cannot be given back on the closed pool and comes
-// back after its visibility. A Transport made with New leaves its
-// connection open: the caller owns it (and a lease claimed at that instant
-// is given back on it). Safe to call twice.
+// however the Transport was made. A Transport from FromDSN or OpenCluster
+// also closes its pools, once the round-trips in flight have finished (a
+// call that had not reached the pool yet returns ErrClosed too); a lease a
+// ClaimWait claims at that very instant cannot be given back on the
+// closed pool and comes back after its visibility. A Transport made with
+// New or NewCluster leaves its connections open: the caller owns them
+// (and a lease claimed at that instant is given back on them). Over
+// partitions it waits for ClaimWait's waits still ending (usually none; at
+// most a claim's and a give-back's time out, 35 s, against a partition
+// that does not answer). Safe to call twice.
 func (t *Transport) Close() {
 	t.closed.Store(true)
-	t.core.Parking().Close() // waits end now, not at their next look
-	if t.owned != nil {
-		t.owned.Close()
+	t.cl.Close()
+	for _, p := range t.owned {
+		p.Close()
 	}
 }
 
@@ -82,6 +183,43 @@ func (t *Transport) check(op string) error {
 		return fmt.Errorf("%s: %w", op, pgtransport.ErrClosed)
 	}
 	return nil
+}
+
+// Partitions is the number of partitions: 1 on one database.
+func (t *Transport) Partitions() int { return t.cl.N() }
+
+// Home is the partition group lives on: Hashtext(group) & (N-1), as the
+// proxy routes it (0 on one database). While the cluster grows, a group
+// may still live in its old home: Locate.
+func (t *Transport) Home(group string) int { return t.cl.Home(group) }
+
+// Locate is the partition that holds group now: its Home, but while the
+// cluster grows (docs/partitions.md, "Growing") a group whose home changed
+// stays in its old partition as long as it has anything there, and Locate
+// asks that partition. Open a PublishTx's or StateTx's transaction on
+// Partition(Locate(group)). An invalid group id is ErrInvalidGroup.
+func (t *Transport) Locate(ctx context.Context, group string) (int, error) {
+	if err := t.check("locate"); err != nil {
+		return 0, err
+	}
+	return t.cl.Locate(ctx, group)
+}
+
+// Partition is the database handle partition i runs on (the one given to
+// New on one database): begin the transaction of a PublishTx, AckTx or
+// StateTx on Partition(Locate(group)).
+func (t *Transport) Partition(i int) DBTX { return t.cl.Part(i).DB() }
+
+// group is the Core of the partition that holds group now (Locate).
+func (t *Transport) group(ctx context.Context, op, group string) (*core.Core, error) {
+	if err := t.check(op); err != nil {
+		return nil, err
+	}
+	c, err := t.cl.OnGroup(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return c, nil
 }
 
 // Publish appends event to group's FIFO and returns its seq. A new group gets
@@ -94,7 +232,7 @@ func (t *Transport) Publish(ctx context.Context, group, event string, priority i
 	if err := t.check("publish"); err != nil {
 		return 0, err
 	}
-	return t.core.Publish(ctx, group, event, priority)
+	return t.cl.PublishMessage(ctx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
 // PublishMany appends every message, in slice order (so in order within
@@ -118,17 +256,14 @@ func (t *Transport) PublishMany(ctx context.Context, msgs []pgtransport.Message)
 	if err := t.check("publish"); err != nil {
 		return nil, err
 	}
-	return t.core.PublishMany(ctx, msgs)
+	return t.cl.PublishMany(ctx, msgs)
 }
 
 // PublishTx is Publish inside the caller's transaction: the message commits
 // or rolls back with the caller's own writes, and is invisible to claims
 // until then.
 func (t *Transport) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
-	if err := t.check("publish"); err != nil {
-		return 0, err
-	}
-	return t.core.PublishTx(ctx, tx, group, event, priority)
+	return t.PublishMessageTx(ctx, tx, pgtransport.Message{Group: group, Event: event, Priority: priority})
 }
 
 // PublishMessage appends msg to its group's FIFO and returns its seq, as
@@ -145,7 +280,7 @@ func (t *Transport) PublishMessage(ctx context.Context, msg pgtransport.Message)
 	if err := t.check("publish"); err != nil {
 		return 0, err
 	}
-	return t.core.PublishMessage(ctx, msg)
+	return t.cl.PublishMessage(ctx, msg)
 }
 
 // PublishMessageTx is PublishMessage inside the caller's transaction: the
@@ -156,7 +291,11 @@ func (t *Transport) PublishMessageTx(ctx context.Context, tx pgx.Tx, msg pgtrans
 	if err := t.check("publish"); err != nil {
 		return 0, err
 	}
-	return t.core.PublishMessageTx(ctx, tx, msg)
+	c, err := t.cl.TxPublish(ctx, tx, msg)
+	if err != nil {
+		return 0, fmt.Errorf("publish: %w", err)
+	}
+	return c.PublishMessageTx(ctx, tx, msg)
 }
 
 // Claim leases the claimable group (priority >= minPriority) that was served
@@ -171,7 +310,7 @@ func (t *Transport) Claim(ctx context.Context, workerID string, visibility time.
 	if err := t.check("claim"); err != nil {
 		return nil, err
 	}
-	return t.core.Claim(ctx, workerID, visibility, minPriority)
+	return t.cl.Claim(ctx, workerID, visibility, minPriority)
 }
 
 // Ack deletes the lease's message and frees its group for the next claim (or
@@ -188,7 +327,7 @@ func (t *Transport) Ack(ctx context.Context, lease *pgtransport.Lease) error {
 	if err := t.check("ack"); err != nil {
 		return err
 	}
-	return t.core.Ack(ctx, lease)
+	return t.cl.OfLease(lease).Ack(ctx, lease)
 }
 
 // ClaimWait is Claim that waits for work instead of returning nil: it
@@ -204,7 +343,7 @@ func (t *Transport) ClaimWait(ctx context.Context, workerID string, visibility t
 	if err := t.check("claim"); err != nil {
 		return nil, err
 	}
-	return t.core.ClaimWait(ctx, workerID, visibility, minPriority)
+	return t.cl.ClaimWait(ctx, workerID, visibility, minPriority)
 }
 
 // ClaimMany leases up to max claimable groups (1 to pgtransport.MaxBatch)
@@ -218,7 +357,7 @@ func (t *Transport) ClaimMany(ctx context.Context, workerID string, visibility t
 	if err := t.check("claim"); err != nil {
 		return nil, err
 	}
-	return t.core.ClaimMany(ctx, workerID, visibility, minPriority, max)
+	return t.cl.ClaimMany(ctx, workerID, visibility, minPriority, max)
 }
 
 // AckMany settles leases in one round-trip, each fenced on its own token.
@@ -235,7 +374,7 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([
 	if err := t.check("ack"); err != nil {
 		return nil, err
 	}
-	return t.core.AckMany(ctx, leases)
+	return t.cl.AckMany(ctx, leases)
 }
 
 // AckNext acks the lease and, when its group has another message and the
@@ -259,7 +398,7 @@ func (t *Transport) AckNext(ctx context.Context, lease *pgtransport.Lease, visib
 	if err := t.check("ack"); err != nil {
 		return nil, err
 	}
-	return t.core.AckNext(ctx, lease, visibility)
+	return t.cl.OfLease(lease).AckNext(ctx, lease, visibility)
 }
 
 // Nack gives the lease back without deleting the message. delay > 0 parks the
@@ -274,12 +413,12 @@ func (t *Transport) Nack(ctx context.Context, lease *pgtransport.Lease, delay ti
 	if err := t.check("nack"); err != nil {
 		return err
 	}
-	return t.core.Nack(ctx, lease, delay)
+	return t.cl.OfLease(lease).Nack(ctx, lease, delay)
 }
 
 // Fail ends the lease as a failed attempt: it records cause's text on the
 // message (nil: none; made valid UTF-8, without NUL bytes, and cut to
-// pgtransport.MaxErrorBytes) and, by the queue's policy (Config.MaxAttempts,
+// pgtransport.MaxErrorBytes) and, by the queue's policy (Policy.MaxAttempts,
 // RetryBackoffMin/Max, OnExhausted): while the message has attempts left
 // (Lease.Attempt below MaxAttempts), parks the group for a backoff that
 // doubles with each attempt, with jitter, within the policy's bounds (the
@@ -300,7 +439,7 @@ func (t *Transport) Fail(ctx context.Context, lease *pgtransport.Lease, cause er
 	if err := t.check("fail"); err != nil {
 		return err
 	}
-	_, err := t.core.Fail(ctx, lease, cause)
+	_, err := t.cl.OfLease(lease).Fail(ctx, lease, cause)
 	return err
 }
 
@@ -313,7 +452,7 @@ func (t *Transport) Extend(ctx context.Context, lease *pgtransport.Lease, visibi
 	if err := t.check("extend"); err != nil {
 		return err
 	}
-	return t.core.Extend(ctx, lease, visibility)
+	return t.cl.OfLease(lease).Extend(ctx, lease, visibility)
 }
 
 // DeadLetters returns a page of the queue's dead letters, in seq order:
@@ -325,7 +464,7 @@ func (t *Transport) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQue
 	if err := t.check("dead letters"); err != nil {
 		return nil, err
 	}
-	return t.core.DeadLetters(ctx, q)
+	return t.cl.DeadLetters(ctx, q)
 }
 
 // Redrive puts the dead letters f selects back into their groups and
@@ -341,7 +480,7 @@ func (t *Transport) Redrive(ctx context.Context, f pgtransport.DeadLetterFilter)
 	if err := t.check("redrive"); err != nil {
 		return 0, err
 	}
-	return t.core.Redrive(ctx, f)
+	return t.cl.Redrive(ctx, f)
 }
 
 // PurgeDeadLetters deletes the dead letters f selects for good and returns
@@ -353,7 +492,7 @@ func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLett
 	if err := t.check("purge dead letters"); err != nil {
 		return 0, err
 	}
-	return t.core.PurgeDeadLetters(ctx, f)
+	return t.cl.PurgeDeadLetters(ctx, f)
 }
 
 // RestartGroup resumes a group the queue stopped (policy
@@ -367,8 +506,9 @@ func (t *Transport) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLett
 // RestartGroup again tells which (ErrGroupNotStopped: the first one did,
 // unless the group stopped again since).
 func (t *Transport) RestartGroup(ctx context.Context, group string, skipHead bool) error {
-	if err := t.check("restart group"); err != nil {
+	c, err := t.group(ctx, "restart group", group)
+	if err != nil {
 		return err
 	}
-	return t.core.RestartGroup(ctx, group, skipHead)
+	return c.RestartGroup(ctx, group, skipHead)
 }

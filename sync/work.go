@@ -54,17 +54,20 @@ func (t *Transport) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pg
 	if err != nil {
 		return err
 	}
-	f := &feed{c: t.core, cfg: cfg, steps: newCombiner(t.core, cfg)}
-	defer f.steps.close()
-	return worker.Run(ctx, t.workerConfig(cfg), f, h)
+	return t.cl.RunEach(ctx, cfg, func(ctx context.Context, i int, cfg pgtransport.WorkerConfig) error {
+		c := t.cl.Part(i)
+		f := &feed{c: c, cfg: cfg, steps: newCombiner(c, cfg)}
+		defer f.steps.close()
+		return worker.Run(ctx, workerConfig(c, cfg), f, h)
+	})
 }
 
-// workerConfig is the runtime's configuration for cfg (checked).
-func (t *Transport) workerConfig(cfg pgtransport.WorkerConfig) worker.Config {
+// workerConfig is the runtime's configuration for cfg (checked) on c.
+func workerConfig(c *core.Core, cfg pgtransport.WorkerConfig) worker.Config {
 	return worker.Config{
 		WorkerConfig: cfg,
-		Logger:       t.core.Logger(),
-		Observer:     t.core.Config().Observer,
+		Logger:       c.Logger(),
+		Observer:     c.Config().Observer,
 		Abandon:      pgtransport.AbandonTimeout,
 	}
 }

@@ -78,7 +78,7 @@ func TestWorkTxClaimsInTheHandlersTransaction(t *testing.T) {
 func TestWorkTxClaimFailureIsNotTheMessages(t *testing.T) {
 	is := is.New(t)
 	db := pgtest.New(t, 4)
-	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, MaxAttempts: 1})
+	tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	is.NoErr(err)
 	defer tr.Close()
 	groups := pgx.Identifier{db.Schema, "transport_groups"}.Sanitize()

@@ -179,7 +179,7 @@ func (h *harness) publish(tr *pgsync.Transport, group string, priority, n int) {
 func (h *harness) deadLetters(n int) {
 	h.t.Helper()
 	ctx := context.Background()
-	tr := h.transport(pgtransport.Config{MaxAttempts: 1})
+	tr := h.transport(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	for i := range n {
 		h.publish(tr, fmt.Sprintf("dead-%02d", i+1), 0, 1)
 	}

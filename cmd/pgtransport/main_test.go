@@ -152,7 +152,7 @@ func TestGrants(t *testing.T) {
 func queueState(t *testing.T, h *harness) {
 	t.Helper()
 	ctx := context.Background()
-	tr := h.transport(pgtransport.Config{RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour})
+	tr := h.transport(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
 	h.publish(tr, "park", 0, 3)
 	lease, err := tr.Claim(ctx, "op-test", time.Hour, 0)
 	if err != nil || lease == nil || lease.Group != "park" {

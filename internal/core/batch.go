@@ -488,6 +488,8 @@ func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility tim
 // not counted), even when ctx has ended (under a short timeout of its
 // own): a lease nobody will work on is claimable again at once instead of
 // after its visibility. A failure leaves it to lapse (and count).
+func (c *Core) GiveBack(ctx context.Context, l *pgtransport.Lease) { c.giveBack(ctx, l) }
+
 func (c *Core) giveBack(ctx context.Context, l *pgtransport.Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()

@@ -46,8 +46,7 @@ type Core struct {
 // cfg.Pooling (CheckPooling: pgtransport.ErrPoolerExecMode behind a
 // transaction pooler; skipped with cfg.SkipApply when the server cannot
 // be reached), unless cfg.SkipApply applies the schema, and
-// writes the queue policy fields cfg sets (see writePolicy), SkipApply or
-// not.
+// applies cfg.Policy when set (see SetPolicy), SkipApply or not.
 func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	cfg, err := Defaults(cfg)
 	if err != nil {
@@ -68,8 +67,10 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 		}
 	}
 	q := newStatements(cfg.Schema, cfg.Clock != nil)
-	if err := writePolicy(ctx, db, q, cfg); err != nil {
-		return nil, err
+	if cfg.Policy != nil {
+		if err := setPolicy(ctx, db, q, *cfg.Policy); err != nil {
+			return nil, err
+		}
 	}
 	if _, inTx := db.(pgx.Tx); inTx {
 		q.claim = q.claimInTx // a caller's transaction keeps its own commit mode
@@ -107,14 +108,19 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if cfg.MaxEventBytes < 0 || cfg.MaxConnectWait < 0 || cfg.IdleSweep < 0 {
 		return cfg, fmt.Errorf("%w: MaxEventBytes, MaxConnectWait and IdleSweep must not be negative", pgtransport.ErrInvalidConfig)
 	}
-	if cfg.Vacuum < 0 {
-		return cfg, fmt.Errorf("%w: Vacuum must not be negative", pgtransport.ErrInvalidConfig)
+	if cfg.Async.Vacuum < 0 {
+		return cfg, fmt.Errorf("%w: Async.Vacuum must not be negative", pgtransport.ErrInvalidConfig)
 	}
 	if cfg.MaxKeep < -1 {
 		return cfg, fmt.Errorf("%w: MaxKeep %d, want -1 (never keep), 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.MaxKeep)
 	}
-	if err := checkPolicy(cfg); err != nil {
-		return cfg, err
+	if cfg.Policy != nil {
+		if err := CheckPolicy(*cfg.Policy); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.DedupWindow < 0 || cfg.DedupWindow > pgtransport.MaxDedupWindow {
+		return cfg, fmt.Errorf("%w: DedupWindow %v, want 0 (%v) to %v", pgtransport.ErrInvalidConfig, cfg.DedupWindow, pgtransport.DefaultDedupWindow, pgtransport.MaxDedupWindow)
 	}
 	cfg.MaxEventBytes = cmp.Or(cfg.MaxEventBytes, pgtransport.DefaultMaxEventBytes)
 	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
@@ -560,3 +566,6 @@ func newUUID() string {
 // stream parks its ticket there and, for its own round-trips, wakes as many
 // as Freed counts.
 func (c *Core) Parking() *Parking { return &c.parking }
+
+// DB is the database handle c runs on.
+func (c *Core) DB() DBTX { return c.db }

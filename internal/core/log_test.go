@@ -175,8 +175,7 @@ func TestFailOutcomesLogged(t *testing.T) {
 			ctx := pgtest.Context(t)
 			logs := &pgtest.Logs{Level: slog.LevelDebug}
 			obs := &pgtest.Observer{}
-			c, err := New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, MaxAttempts: tc.attempts, OnExhausted: tc.policy,
-				Logger: logs.Logger(), Observer: obs})
+			c, err := New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(), Observer: obs, Policy: &pgtransport.Policy{MaxAttempts: tc.attempts, OnExhausted: tc.policy}})
 			is.NoErr(err)
 			_, err = c.Publish(ctx, "g", "e", 0)
 			is.NoErr(err)
@@ -210,8 +209,7 @@ func TestBusySystemLogsNothingPerMessage(t *testing.T) {
 	db := pgtest.New(t, 2)
 	ctx := pgtest.Context(t)
 	logs := &pgtest.Logs{Level: slog.LevelInfo}
-	c, err := New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(),
-		RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond})
+	c, err := New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, Logger: logs.Logger(), Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond}})
 	is.NoErr(err)
 	var msgs []pgtransport.Message
 	for i := range 200 {

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,8 @@ import (
 
 // The queue's retry policy lives in the database (transport_policy, one
 // row), so every consumer of the queue applies the same one, plain-SQL ones
-// included. A Config sets fields of it; New writes those.
+// included. It changes only by an explicit call: SetPolicy, or
+// Config.Policy on open.
 
 // policy is transport_policy's row.
 type policy struct {
@@ -25,114 +27,119 @@ type policy struct {
 	stateRetention         float64 // seconds; 0: a drained group's state is not kept
 }
 
-// checkPolicy checks the policy and dedup fields of cfg (see
-// pgtransport.Config for their ranges).
-func checkPolicy(cfg pgtransport.Config) error {
+// CheckPolicy checks p's fields against their ranges (see
+// pgtransport.Policy): ErrInvalidConfig naming the field.
+func CheckPolicy(p pgtransport.Policy) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{pgtransport.ErrInvalidConfig}, args...)...)
+		return fmt.Errorf("%w: policy: "+format, append([]any{pgtransport.ErrInvalidConfig}, args...)...)
 	}
-	if cfg.MaxAttempts < pgtransport.Unlimited || cfg.MaxAttempts > math.MaxInt32 {
-		return bad("MaxAttempts %d, want -1 (Unlimited), 0 (the queue's setting) or 1 to %d", cfg.MaxAttempts, math.MaxInt32)
+	if p.MaxAttempts < pgtransport.Unlimited || p.MaxAttempts > math.MaxInt32 {
+		return bad("MaxAttempts %d, want -1 (Unlimited), 0 (%d) or 1 to %d", p.MaxAttempts, pgtransport.DefaultMaxAttempts, math.MaxInt32)
 	}
 	for _, b := range []struct {
 		name string
 		d    time.Duration
-	}{{"RetryBackoffMin", cfg.RetryBackoffMin}, {"RetryBackoffMax", cfg.RetryBackoffMax}} {
+	}{{"RetryBackoffMin", p.RetryBackoffMin}, {"RetryBackoffMax", p.RetryBackoffMax}} {
 		if b.d != 0 && (b.d < pgtransport.MinRetryBackoff || b.d > pgtransport.MaxRetryBackoff) {
-			return bad("%s %v, want 0 (the queue's setting) or %v to %v", b.name, b.d, pgtransport.MinRetryBackoff, pgtransport.MaxRetryBackoff)
+			return bad("%s %v, want 0 (the default) or %v to %v", b.name, b.d, pgtransport.MinRetryBackoff, pgtransport.MaxRetryBackoff)
 		}
 	}
-	if cfg.RetryBackoffMin != 0 && cfg.RetryBackoffMax != 0 && cfg.RetryBackoffMin > cfg.RetryBackoffMax {
-		return bad("RetryBackoffMin %v is above RetryBackoffMax %v", cfg.RetryBackoffMin, cfg.RetryBackoffMax)
+	if r := row(p); r.backoffMin > r.backoffMax {
+		return bad("the retry backoff would run from %gs to %gs: RetryBackoffMin above RetryBackoffMax (a zero bound is its default: %v, %v)",
+			r.backoffMin, r.backoffMax, pgtransport.DefaultRetryBackoffMin, pgtransport.DefaultRetryBackoffMax)
 	}
-	switch cfg.OnExhausted {
+	switch p.OnExhausted {
 	case "", pgtransport.DeadLetterHead, pgtransport.StopGroup:
 	default:
-		return bad("OnExhausted %q, want %q, %q or \"\" (the queue's setting)", cfg.OnExhausted, pgtransport.DeadLetterHead, pgtransport.StopGroup)
+		return bad("OnExhausted %q, want %q (or \"\"), or %q", p.OnExhausted, pgtransport.DeadLetterHead, pgtransport.StopGroup)
 	}
-	if cfg.StateRetention > pgtransport.MaxStateRetention {
-		return bad("StateRetention %v, want 0 (the queue's setting), negative (none) or up to %v", cfg.StateRetention, pgtransport.MaxStateRetention)
-	}
-	if cfg.DedupWindow < 0 || cfg.DedupWindow > pgtransport.MaxDedupWindow {
-		return bad("DedupWindow %v, want 0 (%v) to %v", cfg.DedupWindow, pgtransport.DefaultDedupWindow, pgtransport.MaxDedupWindow)
+	if p.StateRetention < 0 || p.StateRetention > pgtransport.MaxStateRetention {
+		return bad("StateRetention %v, want 0 (none) to %v", p.StateRetention, pgtransport.MaxStateRetention)
 	}
 	return nil
 }
 
-// setsPolicy reports whether cfg sets any field of the queue's policy.
-func setsPolicy(cfg pgtransport.Config) bool {
-	return cfg.MaxAttempts != 0 || cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 || cfg.OnExhausted != "" ||
-		cfg.StateRetention != 0
+// row is p's transport_policy row: each zero field its default.
+func row(p pgtransport.Policy) policy {
+	r := policy{
+		maxAttempts:    int32(cmp.Or(p.MaxAttempts, pgtransport.DefaultMaxAttempts)),
+		onExhausted:    string(cmp.Or(p.OnExhausted, pgtransport.DeadLetterHead)),
+		backoffMin:     cmp.Or(p.RetryBackoffMin, pgtransport.DefaultRetryBackoffMin).Seconds(),
+		backoffMax:     cmp.Or(p.RetryBackoffMax, pgtransport.DefaultRetryBackoffMax).Seconds(),
+		stateRetention: p.StateRetention.Seconds(),
+	}
+	if p.MaxAttempts == pgtransport.Unlimited {
+		r.maxAttempts = 0
+	}
+	return r
 }
 
-// with is p with the fields cfg sets (a checked cfg) in place of its own.
-func (p policy) with(cfg pgtransport.Config) policy {
-	switch {
-	case cfg.MaxAttempts == pgtransport.Unlimited:
-		p.maxAttempts = 0
-	case cfg.MaxAttempts > 0:
-		p.maxAttempts = int32(cfg.MaxAttempts)
+// asPolicy is the Policy r stores.
+func (r policy) asPolicy() pgtransport.Policy {
+	p := pgtransport.Policy{
+		MaxAttempts:     int(r.maxAttempts),
+		OnExhausted:     pgtransport.Exhausted(r.onExhausted),
+		RetryBackoffMin: time.Duration(r.backoffMin * float64(time.Second)),
+		RetryBackoffMax: time.Duration(r.backoffMax * float64(time.Second)),
+		StateRetention:  time.Duration(r.stateRetention * float64(time.Second)),
 	}
-	if cfg.OnExhausted != "" {
-		p.onExhausted = string(cfg.OnExhausted)
-	}
-	if cfg.RetryBackoffMin != 0 {
-		p.backoffMin = cfg.RetryBackoffMin.Seconds()
-	}
-	if cfg.RetryBackoffMax != 0 {
-		p.backoffMax = cfg.RetryBackoffMax.Seconds()
-	}
-	if cfg.StateRetention != 0 {
-		p.stateRetention = max(cfg.StateRetention.Seconds(), 0)
+	if r.maxAttempts == 0 {
+		p.MaxAttempts = pgtransport.Unlimited
 	}
 	return p
 }
 
-// writePolicy writes the policy fields cfg sets into the queue's policy:
-// one read and, only when a field differs from what is stored, one UPDATE
-// of those fields alone. So a worker opened with the policy already in
-// place writes nothing (its role need not be allowed to), and two
-// transports that set different fields do not undo each other. A set
-// bound that would cross the stored other one (RetryBackoffMin above the
-// queue's max) is ErrInvalidConfig, and nothing is written.
-func writePolicy(ctx context.Context, db DBTX, q statements, cfg pgtransport.Config) error {
-	if !setsPolicy(cfg) {
-		return nil
+// Policy reads the queue's policy: every field as stored (MaxAttempts
+// Unlimited for a queue that never exhausts).
+func (c *Core) Policy(ctx context.Context) (pgtransport.Policy, error) {
+	cur, err := readPolicy(ctx, c.db, c.q)
+	if err != nil {
+		return pgtransport.Policy{}, err
 	}
+	return cur.asPolicy(), nil
+}
+
+// SetPolicy makes p the queue's policy, whole (a zero field its default).
+// A bad p is ErrInvalidConfig, and nothing is written.
+func (c *Core) SetPolicy(ctx context.Context, p pgtransport.Policy) error {
+	if err := CheckPolicy(p); err != nil {
+		return fmt.Errorf("set policy: %w", err)
+	}
+	return setPolicy(ctx, c.db, c.q, p)
+}
+
+func readPolicy(ctx context.Context, db DBTX, q statements) (policy, error) {
 	var cur policy
 	err := db.QueryRow(ctx, q.policyGet).Scan(&cur.maxAttempts, &cur.onExhausted, &cur.backoffMin, &cur.backoffMax, &cur.stateRetention)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("write policy: %w: transport_policy has no row", pgtransport.ErrSchemaMissing)
+		return cur, fmt.Errorf("policy: %w: transport_policy has no row", pgtransport.ErrSchemaMissing)
 	}
 	if err != nil {
-		return mapErr("write policy", err)
+		return cur, mapErr("policy", err)
 	}
-	want := cur.with(cfg)
-	if want.backoffMin > want.backoffMax {
-		return fmt.Errorf("write policy: %w: the retry backoff would run from %gs to %gs (the queue holds %gs to %gs)",
-			pgtransport.ErrInvalidConfig, want.backoffMin, want.backoffMax, cur.backoffMin, cur.backoffMax)
+	return cur, nil
+}
+
+// setPolicy writes p (checked) as the queue's policy: one read and, only
+// when the stored row differs, one UPDATE. So a process opened with the
+// policy already in place writes nothing (its role need not be allowed
+// to).
+func setPolicy(ctx context.Context, db DBTX, q statements, p pgtransport.Policy) error {
+	cur, err := readPolicy(ctx, db, q)
+	if err != nil {
+		return fmt.Errorf("set %w", err)
 	}
+	want := row(p)
 	if want == cur {
 		return nil
 	}
-	set := func(differs bool, v any) any {
-		if differs {
-			return v
-		}
-		return nil // COALESCE keeps the stored value
-	}
-	_, err = db.Exec(ctx, q.policySet,
-		set(want.maxAttempts != cur.maxAttempts, want.maxAttempts),
-		set(want.onExhausted != cur.onExhausted, want.onExhausted),
-		set(want.backoffMin != cur.backoffMin, want.backoffMin),
-		set(want.backoffMax != cur.backoffMax, want.backoffMax),
-		set(want.stateRetention != cur.stateRetention, want.stateRetention))
+	_, err = db.Exec(ctx, q.policySet, want.maxAttempts, want.onExhausted, want.backoffMin, want.backoffMax, want.stateRetention)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23514" { // check_violation: the table's own bounds
-		return fmt.Errorf("write policy: %w: %w", pgtransport.ErrInvalidConfig, err)
+		return fmt.Errorf("set policy: %w: %w", pgtransport.ErrInvalidConfig, err)
 	}
 	if err != nil {
-		return mapErr("write policy", err)
+		return mapErr("set policy", err)
 	}
 	return nil
 }

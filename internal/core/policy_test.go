@@ -14,8 +14,9 @@ import (
 )
 
 // TestDefaultsChecksPolicy: each policy or dedup field out of range is
-// ErrInvalidConfig; the edges of each range pass, and DedupWindow 0 takes
-// its default while the policy fields stay 0 (the queue's setting).
+// ErrInvalidConfig; the edges of each range pass, DedupWindow 0 takes its
+// default, and a Policy is passed on as given (its zero fields mean the
+// defaults when it is written: TestSetPolicy).
 func TestDefaultsChecksPolicy(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -24,20 +25,23 @@ func TestDefaultsChecksPolicy(t *testing.T) {
 		ok   bool
 	}{
 		{"zero", pgtransport.Config{}, true},
-		{"MaxAttempts Unlimited", pgtransport.Config{MaxAttempts: pgtransport.Unlimited}, true},
-		{"MaxAttempts 1", pgtransport.Config{MaxAttempts: 1}, true},
-		{"MaxAttempts -2", pgtransport.Config{MaxAttempts: -2}, false},
-		{"MaxAttempts above int32", pgtransport.Config{MaxAttempts: 1 << 31}, false},
-		{"backoff bounds at the edges", pgtransport.Config{RetryBackoffMin: time.Millisecond, RetryBackoffMax: 24 * time.Hour}, true},
-		{"min equal to max", pgtransport.Config{RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}, true},
-		{"negative min", pgtransport.Config{RetryBackoffMin: -time.Second}, false},
-		{"negative max", pgtransport.Config{RetryBackoffMax: -time.Second}, false},
-		{"min below 1 ms", pgtransport.Config{RetryBackoffMin: time.Millisecond - 1}, false},
-		{"max above 24 h", pgtransport.Config{RetryBackoffMax: 24*time.Hour + 1}, false},
-		{"min above max", pgtransport.Config{RetryBackoffMin: 2 * time.Second, RetryBackoffMax: time.Second}, false},
-		{"OnExhausted dead letter", pgtransport.Config{OnExhausted: pgtransport.DeadLetterHead}, true},
-		{"OnExhausted stop", pgtransport.Config{OnExhausted: pgtransport.StopGroup}, true},
-		{"OnExhausted unknown", pgtransport.Config{OnExhausted: "skip"}, false},
+		{"MaxAttempts Unlimited", pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: pgtransport.Unlimited}}, true},
+		{"MaxAttempts 1", pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}}, true},
+		{"MaxAttempts -2", pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: -2}}, false},
+		{"MaxAttempts above int32", pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1 << 31}}, false},
+		{"backoff bounds at the edges", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond, RetryBackoffMax: 24 * time.Hour}}, true},
+		{"min equal to max", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}}, true},
+		{"negative min", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: -time.Second}}, false},
+		{"negative max", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMax: -time.Second}}, false},
+		{"min below 1 ms", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond - 1}}, false},
+		{"max above 24 h", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMax: 24*time.Hour + 1}}, false},
+		{"min above max", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: 2 * time.Second, RetryBackoffMax: time.Second}}, false},
+		{"min above the default max", pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: 2 * time.Minute}}, false},
+		{"StateRetention negative", pgtransport.Config{Policy: &pgtransport.Policy{StateRetention: -1}}, false},
+		{"StateRetention above its bound", pgtransport.Config{Policy: &pgtransport.Policy{StateRetention: pgtransport.MaxStateRetention + 1}}, false},
+		{"OnExhausted dead letter", pgtransport.Config{Policy: &pgtransport.Policy{OnExhausted: pgtransport.DeadLetterHead}}, true},
+		{"OnExhausted stop", pgtransport.Config{Policy: &pgtransport.Policy{OnExhausted: pgtransport.StopGroup}}, true},
+		{"OnExhausted unknown", pgtransport.Config{Policy: &pgtransport.Policy{OnExhausted: "skip"}}, false},
 		{"DedupWindow 24 h", pgtransport.Config{DedupWindow: 24 * time.Hour}, true},
 		{"DedupWindow negative", pgtransport.Config{DedupWindow: -1}, false},
 		{"DedupWindow above 24 h", pgtransport.Config{DedupWindow: 24*time.Hour + 1}, false},
@@ -50,9 +54,7 @@ func TestDefaultsChecksPolicy(t *testing.T) {
 				return
 			}
 			is.NoErr(err)
-			is.Equal(got.MaxAttempts, tc.cfg.MaxAttempts)         // left for the queue's setting
-			is.Equal(got.RetryBackoffMin, tc.cfg.RetryBackoffMin) // left
-			is.Equal(got.OnExhausted, tc.cfg.OnExhausted)         // left
+			is.Equal(got.Policy, tc.cfg.Policy) // passed on as given
 			if tc.cfg.DedupWindow == 0 {
 				is.Equal(got.DedupWindow, pgtransport.DefaultDedupWindow) // the default filled in
 			}
@@ -63,25 +65,21 @@ func TestDefaultsChecksPolicy(t *testing.T) {
 	}
 }
 
-// TestPolicyWith: a Config overrides only the fields it sets, Unlimited
-// stores 0, and a Config that sets none is not a policy write.
-func TestPolicyWith(t *testing.T) {
+// TestPolicyRow: a Policy's zero fields are its defaults, Unlimited
+// stores 0, and a stored row reads back as the Policy that wrote it.
+func TestPolicyRow(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
-	stored := policy{maxAttempts: 10, onExhausted: "dead_letter", backoffMin: 1, backoffMax: 60}
-	is.Equal(stored.with(pgtransport.Config{}), stored) // nothing set
-	is.True(!setsPolicy(pgtransport.Config{DedupWindow: time.Minute, MaxKeep: 3}))
-	is.Equal(stored.with(pgtransport.Config{MaxAttempts: pgtransport.Unlimited}).maxAttempts, int32(0)) // never exhausted
-	is.Equal(stored.with(pgtransport.Config{MaxAttempts: 3}), policy{3, "dead_letter", 1, 60, 0})
-	is.Equal(stored.with(pgtransport.Config{OnExhausted: pgtransport.StopGroup}), policy{10, "stop", 1, 60, 0})
-	is.Equal(stored.with(pgtransport.Config{RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 2 * time.Second}), policy{10, "dead_letter", 0.01, 2, 0})
-	is.Equal(stored.with(pgtransport.Config{StateRetention: -time.Second}).stateRetention, 0.0) // negative: none
-	is.Equal(stored.with(pgtransport.Config{StateRetention: time.Minute}).stateRetention, 60.0)
-	for _, cfg := range []pgtransport.Config{
-		{MaxAttempts: -1}, {MaxAttempts: 1}, {RetryBackoffMin: time.Second}, {RetryBackoffMax: time.Second}, {OnExhausted: pgtransport.StopGroup},
-		{StateRetention: time.Second}, {StateRetention: -1},
+	is.Equal(row(pgtransport.Policy{}), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60, 0}) // the defaults
+	is.Equal(row(pgtransport.Policy{MaxAttempts: pgtransport.Unlimited}).maxAttempts, int32(0))          // never exhausted
+	is.Equal(row(pgtransport.Policy{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup}), policy{3, "stop", 1, 60, 0})
+	is.Equal(row(pgtransport.Policy{RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 2 * time.Second}), policy{10, "dead_letter", 0.01, 2, 0})
+	is.Equal(row(pgtransport.Policy{StateRetention: time.Minute}).stateRetention, 60.0)
+	for _, p := range []pgtransport.Policy{
+		{MaxAttempts: pgtransport.Unlimited, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: time.Second, RetryBackoffMax: time.Hour, StateRetention: time.Minute},
+		{MaxAttempts: 7, OnExhausted: pgtransport.DeadLetterHead, RetryBackoffMin: 5 * time.Millisecond, RetryBackoffMax: time.Second},
 	} {
-		is.True(setsPolicy(cfg)) // each policy field is one
+		is.Equal(row(p).asPolicy(), p) // read back as written
 	}
 }
 
@@ -129,10 +127,12 @@ func TestCheckDedupKey(t *testing.T) {
 	}
 }
 
-// TestWritePolicy: New writes the policy fields its Config sets, SkipApply
-// or not, leaves the others, and refuses a bound that would cross the
-// stored other one, writing nothing.
-func TestWritePolicy(t *testing.T) {
+// TestSetPolicy: a Config.Policy is applied whole on open, SkipApply or
+// not (a zero field is its default, not "leave it"); a Config without
+// one writes nothing, so a worker whose role may not write the policy
+// opens after an owner changed it; SetPolicy replaces it whole; a bad
+// Policy is ErrInvalidConfig and writes nothing.
+func TestSetPolicy(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	db := pgtest.New(t, 2)
@@ -143,28 +143,31 @@ func TestWritePolicy(t *testing.T) {
 			Scan(&p.maxAttempts, &p.onExhausted, &p.backoffMin, &p.backoffMax, &p.stateRetention))
 		return p
 	}
-	open := func(cfg pgtransport.Config) error {
+	open := func(cfg pgtransport.Config) (*Core, error) {
 		cfg.Schema = db.Schema
-		_, err := New(ctx, db.Pool, cfg)
-		return err
+		return New(ctx, db.Pool, cfg)
 	}
-	is.NoErr(open(pgtransport.Config{}))
+	c, err := open(pgtransport.Config{})
+	is.NoErr(err)
 	is.Equal(stored(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60, 0}) // a new queue's defaults
-	is.NoErr(open(pgtransport.Config{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup}))
+	_, err = open(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup}})
+	is.NoErr(err)
 	is.Equal(stored(), policy{3, "stop", 1, 60, 0})
-	is.NoErr(open(pgtransport.Config{SkipApply: true, RetryBackoffMin: 10 * time.Millisecond}))
-	is.Equal(stored(), policy{3, "stop", 0.01, 60, 0}) // written with SkipApply too; the rest left
-	err := open(pgtransport.Config{RetryBackoffMin: 2 * time.Minute})
-	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // above the stored max
-	is.Equal(stored(), policy{3, "stop", 0.01, 60, 0})    // nothing written
-	is.NoErr(open(pgtransport.Config{RetryBackoffMin: 2 * time.Minute, RetryBackoffMax: 5 * time.Minute}))
-	is.Equal(stored(), policy{3, "stop", 120, 300, 0}) // both bounds in one UPDATE
-	is.NoErr(open(pgtransport.Config{MaxAttempts: pgtransport.Unlimited}))
-	is.Equal(stored().maxAttempts, int32(0)) // never exhausted
-	is.NoErr(open(pgtransport.Config{StateRetention: 90 * time.Second}))
-	is.Equal(stored().stateRetention, 90.0) // a drained group's state kept 90 s
-	is.NoErr(open(pgtransport.Config{StateRetention: -1}))
-	is.Equal(stored().stateRetention, 0.0) // negative: none
-	err = open(pgtransport.Config{StateRetention: pgtransport.MaxStateRetention + time.Second})
-	is.True(errors.Is(err, pgtransport.ErrInvalidConfig)) // over the bound
+	_, err = open(pgtransport.Config{SkipApply: true, Policy: &pgtransport.Policy{RetryBackoffMin: 10 * time.Millisecond}})
+	is.NoErr(err)
+	is.Equal(stored(), policy{10, "dead_letter", 0.01, 60, 0}) // whole, with SkipApply too: the unset fields are defaults again
+	_, err = open(pgtransport.Config{})
+	is.NoErr(err)
+	is.Equal(stored(), policy{10, "dead_letter", 0.01, 60, 0}) // no Policy: left alone
+	_, err = open(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: 2 * time.Minute}})
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))      // above the default max
+	is.Equal(stored(), policy{10, "dead_letter", 0.01, 60, 0}) // nothing written
+	is.NoErr(c.SetPolicy(ctx, pgtransport.Policy{MaxAttempts: pgtransport.Unlimited, StateRetention: 90 * time.Second}))
+	is.Equal(stored(), policy{0, "dead_letter", 1, 60, 90}) // never exhausted; a drained group's state kept 90 s
+	got, err := c.Policy(ctx)
+	is.NoErr(err)
+	is.Equal(got, pgtransport.Policy{MaxAttempts: pgtransport.Unlimited, OnExhausted: pgtransport.DeadLetterHead, RetryBackoffMin: time.Second, RetryBackoffMax: time.Minute, StateRetention: 90 * time.Second})
+	err = c.SetPolicy(ctx, pgtransport.Policy{StateRetention: pgtransport.MaxStateRetention + time.Second})
+	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))   // over the bound
+	is.Equal(stored(), policy{0, "dead_letter", 1, 60, 90}) // nothing written
 }

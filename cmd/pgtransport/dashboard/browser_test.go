@@ -60,7 +60,7 @@ func TestPageShowsTheQueue(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	ctx := context.Background()
-	q := newQueue(t, pgtransport.Config{MaxAttempts: 1})
+	q := newQueue(t, pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	// Two dead letters: the only groups when they are claimed and failed.
 	q.publish("d-1", 0, 1)
 	q.publish("d-2", 0, 1)

@@ -30,7 +30,7 @@ func TestScreenshot(t *testing.T) {
 		t.Skip("-screenshot not set")
 	}
 	is := is.New(t)
-	q := newQueue(t, pgtransport.Config{MaxAttempts: 3, RetryBackoffMin: time.Second, RetryBackoffMax: 5 * time.Second})
+	q := newQueue(t, pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 3, RetryBackoffMin: time.Second, RetryBackoffMax: 5 * time.Second}})
 	ctx, cancel := context.WithCancel(context.Background())
 	for i := range 400 {
 		q.publish(fmt.Sprintf("order-%04d", i), i%3, 1+i%7)

@@ -16,7 +16,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/cluster"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
@@ -38,7 +38,7 @@ type clusterEnv struct {
 }
 
 // home is group's partition, as a proxy routes it.
-func (e *clusterEnv) home(group string) int { return int(core.Hashtext(group)) & (clusterParts - 1) }
+func (e *clusterEnv) home(group string) int { return int(cluster.Hashtext(group)) & (clusterParts - 1) }
 
 // countAll adds up a count(*) query over every partition.
 func (e *clusterEnv) countAll(query string, args ...any) int {
@@ -117,7 +117,7 @@ func RunCluster(t *testing.T, open OpenCluster) {
 			is := is.New(t)
 			p := pgtest.Partitions(t, clusterParts)
 			clock := NewClock()
-			cfg := pgtransport.Config{Clock: clock.Now, MaxAttempts: 2}
+			cfg := pgtransport.Config{Clock: clock.Now, Policy: &pgtransport.Policy{MaxAttempts: 2}}
 			e := &clusterEnv{env: env{t: t, clock: clock}, p: p}
 			e.openPools = func(pools []*pgxpool.Pool) (Closer, error) { return open(t, pools, cfg) }
 			tr, err := e.openPools(p.Parts)

@@ -41,6 +41,8 @@ type Transport interface {
 	Redrive(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error)
 	PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLetterFilter) (int64, error)
 	RestartGroup(ctx context.Context, group string, skipHead bool) error
+	SetPolicy(ctx context.Context, p pgtransport.Policy) error
+	Policy(ctx context.Context) (pgtransport.Policy, error)
 }
 
 // Open returns the transport under test on db with cfg, or the error its

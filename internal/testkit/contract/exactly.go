@@ -258,7 +258,7 @@ func exactlyStateRetention(is *is.I, e *env) {
 	settle(e.claim("w", 0), "n")
 	is.Equal(e.state("none"), nil) // no retention (a new queue's)
 
-	e.with(pgtransport.Config{StateRetention: time.Second}) // the queue's, for every transport
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{StateRetention: time.Second}}) // the queue's, for every transport
 	e.publish("g", "g-0", 0)
 	settle(e.claim("w", 0), "s0")
 	m, g := e.rows()
@@ -306,7 +306,7 @@ func exactlyStatePlainSQL(is *is.I, e *env) {
 func exactlyWorkTxFoldsInOrder(is *is.I, e *env) {
 	x := e.exactly()
 	e.effects()
-	e.with(pgtransport.Config{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond, StateRetention: time.Hour})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond, StateRetention: time.Hour}})
 	const groups, per = 3, 5
 	for i := range per {
 		for g := range groups {
@@ -362,7 +362,7 @@ func exactlyWorkTxFoldsInOrder(is *is.I, e *env) {
 // lapses (the case's clock stays far short of the visibility).
 func exactlyWorkTxFailedCommitHoldsNothing(is *is.I, e *env) {
 	x := e.exactly()
-	e.with(pgtransport.Config{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond}})
 	_, err := e.db.Pool.Exec(e.ctx(), `
 		CREATE TABLE parents (id INT PRIMARY KEY);
 		INSERT INTO parents VALUES (0);

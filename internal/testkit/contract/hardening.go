@@ -58,7 +58,7 @@ func overlappingPublishAck(is *is.I, e *env) {
 func settlesGroupIDsFromBeforeTheRule(is *is.I, e *env) {
 	db := pgtest.New(e.t, 4)
 	_, here, _, _ := runtime.Caller(0)
-	v8, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "testdata", "schema", "v8.sql"))
+	v8, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "..", "testdata", "schema", "v8.sql"))
 	is.NoErr(err)
 	_, err = db.Pool.Exec(e.ctx(), string(v8))
 	is.NoErr(err) // a database at version 8

@@ -87,7 +87,7 @@ func (e *env) claimFor(vis time.Duration, minPriority int, want string) *pgtrans
 // order, paging, Group's fields and Stats' counts.
 func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 	op := e.op()
-	e.with(pgtransport.Config{RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
 	t0 := e.clock.Now()
 
 	// z: parked after two attempts (a lapsed lease, then a Fail).
@@ -124,12 +124,12 @@ func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 	e.publish("a", "a1", 0)
 
 	// d: a dead letter of priority 2 (its group drains and goes).
-	e.with(pgtransport.Config{MaxAttempts: 1})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1, RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
 	e.publish("d", "d1", 2)
 	e.fail(e.tr, e.claimFor(time.Minute, 2, "d"), "d died")
 
 	// s: stopped, priority 4.
-	e.with(pgtransport.Config{OnExhausted: pgtransport.StopGroup})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
 	e.publish("s", "s1", 4)
 	e.fail(e.tr, e.claimFor(time.Minute, 4, "s"), "s stopped")
 
@@ -224,7 +224,7 @@ func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 // cause of the last Fail, and leaves the head to the next claim.
 func opsPeekDoesNotLease(is *is.I, e *env) {
 	op := e.op()
-	e.with(pgtransport.Config{RetryBackoffMin: time.Second, RetryBackoffMax: time.Second})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}})
 	for i := range 3 {
 		e.publish("g", event("g", i), 1)
 	}
@@ -474,7 +474,7 @@ func opsPurgeFencesTheHolder(is *is.I, e *env) {
 	e.ack(l)
 
 	// A stopped group: the purge of its head ends the stop.
-	e.with(pgtransport.Config{MaxAttempts: 1, OnExhausted: pgtransport.StopGroup})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1, OnExhausted: pgtransport.StopGroup}})
 	e.publish("s", "s-0", 0)
 	e.publish("s", "s-1", 0)
 	e.fail(e.tr, e.claim("w", 0), "stop")

@@ -183,7 +183,7 @@ func attemptsCountEveryHandOut(is *is.I, e *env) {
 // failed lease is over: a late Ack or Extend of it is ErrLeaseLost.
 func failRecordsCauseAndParksWithinBackoff(is *is.I, e *env) {
 	const lo, hi = 10 * time.Second, 40 * time.Second
-	e.with(pgtransport.Config{RetryBackoffMin: lo, RetryBackoffMax: hi})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: lo, RetryBackoffMax: hi}})
 	seq, err := e.tr.Publish(e.ctx(), "g", "m", 0)
 	is.NoErr(err)
 	for attempt := 1; attempt <= 5; attempt++ {
@@ -239,7 +239,7 @@ func failCauseIsCleanedAndCut(is *is.I, e *env) {
 // its next message at once. The limit is the queue's: the transport that
 // applies it is not the one that set it.
 func failDeadLettersAfterMaxAttempts(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 3, RetryBackoffMin: time.Second, RetryBackoffMax: time.Second})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 3, RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}})
 	before := time.Now()
 	seq, err := e.tr.Publish(e.ctx(), "g", "m1", 2)
 	is.NoErr(err)
@@ -284,7 +284,7 @@ func failDeadLettersAfterMaxAttempts(is *is.I, e *env) {
 // it, and that claim hands out the group's next message; a group left
 // empty is deleted.
 func lapsedLeasesDeadLetterAtClaim(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 3})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 3}})
 	e.publish("g", "m1", 0)
 	e.publish("g", "m2", 0)
 	var old *pgtransport.Lease
@@ -337,7 +337,7 @@ func lapsedLeasesDeadLetterAtClaim(is *is.I, e *env) {
 // attempts stays, and nothing of its group is handed out until
 // RestartGroup, which gives it fresh attempts or dead-letters it.
 func stopGroupPolicyStopsAndRestarts(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 2, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: time.Second, RetryBackoffMax: time.Second})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 2, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}})
 	for _, ev := range []string{"g1", "g2", "g3"} {
 		e.publish("g", ev, 0)
 	}
@@ -400,7 +400,7 @@ func stopGroupPolicyStopsAndRestarts(is *is.I, e *env) {
 // of their group in seq order, under their own seq, recreating a drained
 // group's row with its priority, and are delivered as new (Attempt 1).
 func redrivePutsBackAtTheHeadInOrder(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 1})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	seqs := make([]int64, 4)
 	for i := range seqs {
 		s, err := e.tr.Publish(e.ctx(), "g", event("g", i), 0)
@@ -484,7 +484,7 @@ func redrivePutsBackAtTheHeadInOrder(is *is.I, e *env) {
 // is being acked while another is published strands nothing (the
 // lost-publish guard).
 func redriveRacesPublishAndDrain(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 1})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	ctx := e.ctx()
 	for r := range 300 {
 		group := fmt.Sprintf("r-%d", r)
@@ -522,7 +522,7 @@ func redriveRacesPublishAndDrain(is *is.I, e *env) {
 // purgeDeadLetters: purge by seq, by group, all; an empty seq list
 // purges nothing.
 func purgeDeadLetters(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 1})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	a1, err := e.tr.Publish(e.ctx(), "a", "a1", 0)
 	is.NoErr(err)
 	e.publish("a", "a2", 0)
@@ -550,7 +550,7 @@ func purgeDeadLetters(is *is.I, e *env) {
 
 // deadLettersPaging: pages in seq order after a seq, per group or all.
 func deadLettersPaging(is *is.I, e *env) {
-	e.with(pgtransport.Config{MaxAttempts: 1})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
 	var all, ofA []int64
 	for i, g := range []string{"a", "b", "a", "b", "a"} {
 		s, err := e.tr.Publish(e.ctx(), g, event(g, i), 0)
@@ -836,37 +836,50 @@ func dedupKeyExpiresAfterWindow(is *is.I, e *env) {
 }
 
 // policyConfigIsValidatedAndStored: a new queue's policy is the
-// documented default; a Config out of range is refused and writes
-// nothing; a valid one writes the fields it sets, and only those.
+// documented default; a Config.Policy or SetPolicy out of range is
+// refused and writes nothing; a valid one is written whole (a zero field
+// is its default), on open or by SetPolicy; a Config without a Policy
+// leaves the stored one alone; Policy reads it back.
 func policyConfigIsValidatedAndStored(is *is.I, e *env) {
 	is.Equal(e.policy(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60}) // a new queue's
-	bad := map[string]pgtransport.Config{
+	bad := map[string]pgtransport.Policy{
 		"MaxAttemptsMinus2":        {MaxAttempts: -2},
 		"NegativeBackoffMin":       {RetryBackoffMin: -time.Second},
 		"NegativeBackoffMax":       {RetryBackoffMax: -time.Second},
 		"MinAboveMax":              {RetryBackoffMin: 10 * time.Second, RetryBackoffMax: 5 * time.Second},
+		"MinAboveTheDefaultMax":    {RetryBackoffMin: 2 * time.Minute},
 		"BackoffBelowMillisecond":  {RetryBackoffMin: time.Microsecond},
 		"BackoffAbove24h":          {RetryBackoffMax: 25 * time.Hour},
 		"UnknownOnExhausted":       {OnExhausted: "explode"},
-		"NegativeDedupWindow":      {DedupWindow: -time.Second},
-		"DedupWindowAbove24h":      {DedupWindow: 25 * time.Hour},
+		"NegativeStateRetention":   {StateRetention: -time.Second},
 		"BadBesideGoodMaxAttempts": {MaxAttempts: 3, RetryBackoffMin: -time.Second},
 	}
-	for name, cfg := range bad {
+	for name, p := range bad {
+		if _, err := e.openCfg(pgtransport.Config{Policy: &p}); !errors.Is(err, pgtransport.ErrInvalidConfig) {
+			e.t.Errorf("%s: open got %v, want ErrInvalidConfig", name, err)
+		}
+		if err := e.tr.SetPolicy(e.ctx(), p); !errors.Is(err, pgtransport.ErrInvalidConfig) {
+			e.t.Errorf("%s: SetPolicy got %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	for name, cfg := range map[string]pgtransport.Config{"NegativeDedupWindow": {DedupWindow: -time.Second}, "DedupWindowAbove24h": {DedupWindow: 25 * time.Hour}} {
 		if _, err := e.openCfg(cfg); !errors.Is(err, pgtransport.ErrInvalidConfig) {
 			e.t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
 		}
 	}
 	is.Equal(e.policy(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 1, 60}) // nothing written
 
-	e.with(pgtransport.Config{MaxAttempts: pgtransport.Unlimited})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: pgtransport.Unlimited}})
 	is.Equal(e.policy(), policy{0, "dead_letter", 1, 60}) // 0: never dead-letter
-	e.with(pgtransport.Config{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: 2 * time.Second, RetryBackoffMax: 30 * time.Second})
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 3, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: 2 * time.Second, RetryBackoffMax: 30 * time.Second}})
 	is.Equal(e.policy(), policy{3, "stop", 2, 30})
 	e.with(pgtransport.Config{})
-	is.Equal(e.policy(), policy{3, "stop", 2, 30}) // zero fields leave the queue's
-	e.with(pgtransport.Config{RetryBackoffMin: 5 * time.Millisecond, OnExhausted: pgtransport.DeadLetterHead})
-	is.Equal(e.policy(), policy{3, "dead_letter", 0.005, 30}) // only the fields set
+	is.Equal(e.policy(), policy{3, "stop", 2, 30}) // no Policy: the stored one is left alone
+	is.NoErr(e.tr.SetPolicy(e.ctx(), pgtransport.Policy{RetryBackoffMin: 5 * time.Millisecond}))
+	is.Equal(e.policy(), policy{pgtransport.DefaultMaxAttempts, "dead_letter", 0.005, 60}) // whole: the zero fields are defaults again
+	got, err := e.tr.Policy(e.ctx())
+	is.NoErr(err)
+	is.Equal(got, pgtransport.Policy{MaxAttempts: pgtransport.DefaultMaxAttempts, OnExhausted: pgtransport.DeadLetterHead, RetryBackoffMin: 5 * time.Millisecond, RetryBackoffMax: time.Minute}) // read back
 }
 
 // badDedupKeyWritesNothing: a dedup key too long, not UTF-8 or with a

@@ -56,8 +56,7 @@ func TestClusterPartitionRestart(t *testing.T) {
 		t.Cleanup(pool.Close)
 		pools = append(pools, pool)
 	}
-	cfg := pgtransport.Config{SkipApply: true, IdleSweep: 200 * time.Millisecond, MaxAttempts: maxAttempts,
-		RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax, Logger: slog.New(slog.DiscardHandler)}
+	cfg := pgtransport.Config{SkipApply: true, IdleSweep: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler), Policy: &pgtransport.Policy{MaxAttempts: maxAttempts, RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax}}
 	st, err := pgsync.NewCluster(context.Background(), pools, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -109,8 +109,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: 200 * time.Millisecond,
-		MaxAttempts: maxAttempts, RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax}
+	cfg := pgtransport.Config{Schema: db.Schema, IdleSweep: 200 * time.Millisecond, Policy: &pgtransport.Policy{MaxAttempts: maxAttempts, RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax}}
 	return &rig{t: t, db: db, pool: pool, app: app, cfg: cfg}
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/cluster"
 	"github.com/pgtransport/pgtransport/internal/testkit/history"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	"github.com/pgtransport/pgtransport/schema"
@@ -48,14 +48,14 @@ func TestClusterGrows(t *testing.T) {
 
 	var (
 		h                    history.History
-		cur                  atomic.Pointer[pgsync.Cluster]
+		cur                  atomic.Pointer[pgsync.Transport]
 		grown                atomic.Bool
 		published, acks      atomic.Int64
 		refused, inPlace, to atomic.Int64
 	)
 	cur.Store(old)
 	const groups, total = 30, 2500
-	moves := func(g string) bool { return core.Hashtext(g)&1 != core.Hashtext(g)&3 }
+	moves := func(g string) bool { return cluster.Hashtext(g)&1 != cluster.Hashtext(g)&3 }
 	record := func(kind history.Kind, worker string, l *pgtransport.Lease, start time.Time, err error) {
 		h.Add(history.Op{Kind: kind, Worker: worker, Group: l.Group, Seq: l.Seq, Token: l.Token, Outcome: outcome(err), Start: start, End: time.Now()})
 		if kind == history.Ack && err == nil {
@@ -65,7 +65,7 @@ func TestClusterGrows(t *testing.T) {
 	run, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg stdsync.WaitGroup
-	publisher := func(name string, cluster func() *pgsync.Cluster) {
+	publisher := func(name string, current func() *pgsync.Transport) {
 		for n := 0; published.Load() < total && run.Err() == nil; n++ {
 			var msgs []pgtransport.Message
 			for k := range 5 {
@@ -75,7 +75,7 @@ func TestClusterGrows(t *testing.T) {
 				}
 				msgs = append(msgs, m)
 			}
-			cl := cluster()
+			cl := current()
 			after := grown.Load() && cl != old
 			start := time.Now()
 			seqs, err := cl.PublishMany(ctx, msgs)
@@ -91,7 +91,7 @@ func TestClusterGrows(t *testing.T) {
 					op.Seq, op.Outcome = seqs[k], history.OK
 					published.Add(1)
 					if after && moves(m.Group) {
-						if int(seqs[k]&3) == int(core.Hashtext(m.Group)&3) {
+						if int(seqs[k]&3) == int(cluster.Hashtext(m.Group)&3) {
 							to.Add(1)
 						} else {
 							inPlace.Add(1)
@@ -110,8 +110,8 @@ func TestClusterGrows(t *testing.T) {
 	}
 	wg.Go(func() { publisher("pub0", cur.Load) })
 	wg.Go(func() { publisher("pub1", cur.Load) })
-	wg.Go(func() { publisher("stale", func() *pgsync.Cluster { return old }) }) // the old map, throughout
-	worker := func(name string, cl *pgsync.Cluster) {
+	wg.Go(func() { publisher("stale", func() *pgsync.Transport { return old }) }) // the old map, throughout
+	worker := func(name string, cl *pgsync.Transport) {
 		for run.Err() == nil {
 			start := time.Now()
 			l, err := cl.ClaimWait(run, name, 2*time.Second, 0)
@@ -198,7 +198,7 @@ func TestClusterGrows(t *testing.T) {
 	})
 
 	time.Sleep(time.Second) // kept: publishes of the paused group pile up in its old home
-	if i, err := grownCl.Locate(ctx, paused); err != nil || i != int(core.Hashtext(paused)&1) {
+	if i, err := grownCl.Locate(ctx, paused); err != nil || i != int(cluster.Hashtext(paused)&1) {
 		t.Fatalf("the paused group located in %d (%v), not its old home", i, err)
 	}
 	if err := grownCl.ResumeGroup(ctx, paused); err != nil {
@@ -227,7 +227,7 @@ func TestClusterGrows(t *testing.T) {
 	for i := 0; !moves(moved); i++ {
 		moved = fmt.Sprint("moved", i)
 	}
-	for _, i := range []int{int(core.Hashtext(moved) & 1), int(core.Hashtext(moved) & 3)} {
+	for _, i := range []int{int(cluster.Hashtext(moved) & 1), int(cluster.Hashtext(moved) & 3)} {
 		tx, err := p.Parts[i].Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -260,7 +260,7 @@ func TestClusterGrows(t *testing.T) {
 	}
 	defer again.Close()
 	seq, err = again.Publish(ctx, paused, "after", 0)
-	if err != nil || int(seq&3) != int(core.Hashtext(paused)&3) {
-		t.Fatalf("after the growth ended, %s was published as %d (%v), not in its home %d", paused, seq, err, core.Hashtext(paused)&3)
+	if err != nil || int(seq&3) != int(cluster.Hashtext(paused)&3) {
+		t.Fatalf("after the growth ended, %s was published as %d (%v), not in its home %d", paused, seq, err, cluster.Hashtext(paused)&3)
 	}
 }

@@ -85,7 +85,7 @@ func TestFaultsPgBouncer(t *testing.T) {
 	{
 		obs := &recorder{r: r, worker: "a"}
 		c := cfg
-		c.Observer, c.ListenDSN = obs, r.db.DSN
+		c.Observer, c.Async.ListenDSN = obs, r.db.DSN
 		at, err := async.New(context.Background(), r.pool, c)
 		if err != nil {
 			t.Fatal(err)

@@ -40,8 +40,9 @@ import (
 func TestFaultsWorkTx(t *testing.T) {
 	n := scale(t)
 	r := newRig(t)
-	r.cfg.MaxAttempts = pgtransport.Unlimited // the killer must not dead-letter a message: every one has an effect
-	r.cfg.StateRetention = time.Hour          // a drained group's state is kept to be checked
+	// The killer must not dead-letter a message (every one has an effect),
+	// and a drained group's state is kept to be checked.
+	r.cfg.Policy = &pgtransport.Policy{MaxAttempts: pgtransport.Unlimited, RetryBackoffMin: backoffMin, RetryBackoffMax: backoffMax, StateRetention: time.Hour}
 	const vis = pgtransport.MinVisibility
 	var (
 		groups  = 300 * n

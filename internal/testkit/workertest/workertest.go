@@ -88,8 +88,7 @@ type env struct {
 func newEnv(t *testing.T, open Open, tweak func(*pgtransport.Config)) *env {
 	db := pgtest.New(t, 24)
 	e := &env{t: t, db: db, log: &logs{}, obs: &observer{}}
-	cfg := pgtransport.Config{Schema: db.Schema, Logger: slog.New(e.log), Observer: e.obs,
-		RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond}
+	cfg := pgtransport.Config{Schema: db.Schema, Logger: slog.New(e.log), Observer: e.obs, Policy: &pgtransport.Policy{RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond}}
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -106,7 +105,7 @@ func newEnv(t *testing.T, open Open, tweak func(*pgtransport.Config)) *env {
 // the database: a core opened with it writes it).
 func (e *env) maxAttempts(n int) {
 	e.t.Helper()
-	if _, err := core.New(e.ctx(), e.db.Pool, pgtransport.Config{Schema: e.db.Schema, SkipApply: true, MaxAttempts: n}); err != nil {
+	if _, err := core.New(e.ctx(), e.db.Pool, pgtransport.Config{Schema: e.db.Schema, SkipApply: true, Policy: &pgtransport.Policy{MaxAttempts: n}}); err != nil {
 		e.t.Fatalf("policy: %v", err)
 	}
 }

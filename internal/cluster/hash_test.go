@@ -1,4 +1,4 @@
-package core_test
+package cluster_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/cluster"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
@@ -36,7 +36,7 @@ func TestHashtextMatchesServer(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(len(want), len(groups))
 	for i, g := range groups {
-		if got := core.Hashtext(g); got != want[i] {
+		if got := cluster.Hashtext(g); got != want[i] {
 			t.Fatalf("Hashtext(%q) = %d, the server's hashtext %d", g, got, want[i])
 		}
 	}

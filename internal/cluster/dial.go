@@ -1,4 +1,4 @@
-package core
+package cluster
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
+	"github.com/pgtransport/pgtransport/internal/core"
 )
 
 // Connect opens a pool on dsn, of pgtransport.DefaultPoolSize connections
@@ -23,7 +24,7 @@ import (
 // stopped and the last connection error. A malformed dsn fails at once. It
 // returns cfg with its defaults filled in.
 func Connect(ctx context.Context, dsn string, cfg pgtransport.Config) (*pgxpool.Pool, pgtransport.Config, error) {
-	cfg, err := Defaults(cfg)
+	cfg, err := core.Defaults(cfg)
 	if err != nil {
 		return nil, cfg, err
 	}
@@ -96,22 +97,6 @@ func setsPoolSize(dsn string) bool {
 	return ok
 }
 
-// FromDSN is the front-ends' FromDSN: Connect, then open a transport on the
-// pool, closing the pool if that fails. The caller owns the pool after.
-func FromDSN[T any](ctx context.Context, dsn string, cfg pgtransport.Config, open func(*pgxpool.Pool, pgtransport.Config) (T, error)) (T, *pgxpool.Pool, error) {
-	var zero T
-	pool, cfg, err := Connect(ctx, dsn, cfg)
-	if err != nil {
-		return zero, nil, err
-	}
-	t, err := open(pool, cfg)
-	if err != nil {
-		pool.Close()
-		return zero, nil, err
-	}
-	return t, pool, nil
-}
-
 // mapSQL reads a proxy's partition map: harel_px_parts() refuses a cluster
 // the proxy was not checked against (schema.ApplyProxy) or that changed
 // since, and the options p0 ... pN-1 of the foreign server pgtransport
@@ -132,7 +117,7 @@ const mapSQL = `SELECT {s}harel_px_parts(),
 // was checked, or a database that is no proxy, is ErrInvalidConfig. The
 // caller owns the pools.
 func ConnectCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) ([]*pgxpool.Pool, pgtransport.Config, error) {
-	cfg, err := Defaults(cfg)
+	cfg, err := core.Defaults(cfg)
 	if err != nil {
 		return nil, cfg, err
 	}
@@ -237,61 +222,10 @@ func readMap(ctx context.Context, pcfg *pgxpool.Config, cfg pgtransport.Config) 
 		return nil, fmt.Errorf("%w: %s", pgtransport.ErrInvalidConfig, pgErr.Message)
 	}
 	if err != nil {
-		return nil, mapErr("read the partition map", err)
+		return nil, core.MapErr("read the partition map", err)
 	}
 	if len(dsns) != n {
 		return nil, fmt.Errorf("%w: the proxy counts %d partitions, its cluster lists %d", pgtransport.ErrInvalidConfig, n, len(dsns))
 	}
 	return dsns, nil
-}
-
-// DialCluster is the front-ends' OpenCluster: ConnectCluster, then open a
-// cluster on the pools (newCluster: the front-end's NewCluster), closing
-// the pools if that fails. The caller owns the pools after.
-func DialCluster[T any](ctx context.Context, proxyDSN string, cfg pgtransport.Config, newCluster func([]*pgxpool.Pool, pgtransport.Config) (T, error)) (T, []*pgxpool.Pool, error) {
-	var zero T
-	pools, cfg, err := ConnectCluster(ctx, proxyDSN, cfg)
-	if err != nil {
-		return zero, nil, err
-	}
-	c, err := newCluster(pools, cfg)
-	if err != nil {
-		for _, p := range pools {
-			p.Close()
-		}
-		return zero, nil, err
-	}
-	return c, pools, nil
-}
-
-// OpenCluster is the front-ends' cluster opener: open a transport on each
-// of pools (partition i on pools[i]), then the Cluster of their cores
-// (NewCluster's checks), closing what it opened if any step fails.
-func OpenCluster[T any](ctx context.Context, pools []*pgxpool.Pool, cfg pgtransport.Config,
-	open func(*pgxpool.Pool) (T, error), coreOf func(T) *Core, closeT func(T)) (_ []T, _ *Cluster, err error) {
-	if len(pools) == 0 || len(pools) > MaxPartitions || len(pools)&(len(pools)-1) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d partitions; a cluster has a power of two, 1 to %d", pgtransport.ErrInvalidConfig, len(pools), MaxPartitions)
-	}
-	var parts []T
-	defer func() {
-		if err != nil {
-			for _, p := range parts {
-				closeT(p)
-			}
-		}
-	}()
-	cores := make([]*Core, len(pools))
-	for i, pool := range pools {
-		p, err := open(pool)
-		if err != nil {
-			return nil, nil, fmt.Errorf("partition %d: %w", i, err)
-		}
-		parts = append(parts, p)
-		cores[i] = coreOf(p)
-	}
-	cl, err := NewCluster(ctx, cores)
-	if err != nil {
-		return nil, nil, err
-	}
-	return parts, cl, nil
 }

@@ -1,4 +1,4 @@
-package core
+package cluster
 
 import (
 	"slices"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgtransport/pgtransport/internal/core"
 )
 
 // TestShares: every partition gets a share of the slots, at least one,
@@ -14,7 +15,7 @@ import (
 func TestShares(t *testing.T) {
 	for _, n := range []int{1, 2, 4, 8} {
 		for conc := 1; conc <= 40; conc++ {
-			shares := (&Cluster{parts: make([]*Core, n)}).Shares(conc)
+			shares := (&Cluster{parts: make([]*core.Core, n)}).Shares(conc)
 			total := 0
 			for _, s := range shares {
 				total += s
