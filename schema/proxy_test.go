@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	stdsync "sync"
@@ -646,4 +647,22 @@ func TestProxyCallsRefuseBadInput(t *testing.T) {
 	is.True(errors.Is(schema.Partition(cancelled, db.Pool, db.Schema, 0), context.Canceled))
 	_, err = schema.ProxyVersion(ctx(t), db.Pool, db.Schema)
 	is.Equal(sqlstate(err), "42P01") // no proxy's table here
+}
+
+// TestProxyScriptIsShipped pins the proxy's script of the current version,
+// as TestScriptIsShipped pins the queue's: ApplyProxy runs proxy.sql only
+// on a proxy whose recorded version is older, so a change to it that comes
+// without a new version would reach no proxy already at this one.
+func TestProxyScriptIsShipped(t *testing.T) {
+	n := schema.Version()
+	want, err := os.ReadFile(fmt.Sprintf("../testdata/proxy/v%d.sql", n))
+	if err != nil {
+		t.Fatalf("testdata/proxy/v%d.sql: %v\nA new version needs its proxy script: make proxy-schema > testdata/proxy/v%d.sql", n, err, n)
+	}
+	if got := schema.ProxySQL(); got != string(want) {
+		t.Fatalf("schema.ProxySQL() differs from testdata/proxy/v%d.sql, the proxy script of shipped version %d (first difference: %s).\n"+
+			"Proxies already at version %d would never run the change: keep v%d.sql as it is, add a new numbered step "+
+			"(schema/sql/%03d_<what>.sql; a comment-only one will do), then: make proxy-schema > testdata/proxy/v%d.sql",
+			n, n, firstDiff(string(want), got), n, n, n+1, n+1)
+	}
 }
