@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	stdsync "sync"
@@ -135,7 +136,7 @@ func TestProxyProtocol(t *testing.T) {
 	}
 	is.Equal(total, groups*per) // the rolled-back publish reached no partition
 	var left int
-	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&left))
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT (SELECT count(*) FROM transport_px_messages) + (SELECT count(*) FROM transport_px_groups)`).Scan(&left))
 	is.Equal(left, 0) // nothing is kept on the proxy
 
 	var mu stdsync.Mutex
@@ -415,6 +416,7 @@ func TestProxyRefusals(t *testing.T) {
 		{"empty group", `SELECT harel_publish('', 'x')`, "23514"},
 		{"NULL group", `SELECT harel_publish(NULL, 'x')`, "23502"},
 		{"empty group, two INSERTs", `INSERT INTO transport_messages (group_id, event) VALUES ('', 'x')`, "23514"},
+		{"bad priority, two INSERTs", `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority) VALUES ('a', NULL, NULL, 5) ON CONFLICT (group_id) DO NOTHING`, "23514"},
 		{"empty token", `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` + 30, '')`, "PT002"},
 		{"lease before now", `SELECT * FROM harel_claim(` + nowSQL + `, ` + nowSQL + ` - 1, 't')`, "PT003"},
 		{"clock skew", `SELECT harel_ack('g', 1, 't', ` + nowSQL + ` - 3600)`, "PT005"},
@@ -646,4 +648,248 @@ func TestProxyCallsRefuseBadInput(t *testing.T) {
 	is.True(errors.Is(schema.Partition(cancelled, db.Pool, db.Schema, 0), context.Canceled))
 	_, err = schema.ProxyVersion(ctx(t), db.Pool, db.Schema)
 	is.Equal(sqlstate(err), "42P01") // no proxy's table here
+}
+
+// partitionRows describes every row of the queue's two tables on every
+// partition, and the proxy's publish tables: what a refused statement
+// must leave as it was.
+func partitionRows(t *testing.T, p *pgtest.Partitioned) string {
+	t.Helper()
+	var b strings.Builder
+	for i, part := range p.Parts {
+		var g, m string
+		if err := part.QueryRow(ctx(t), `
+			SELECT (SELECT COALESCE(string_agg(format('%s/%s/%s/%s/%s', group_id, locked_by, lock_expiry, priority, attempts), ' ' ORDER BY group_id), '') FROM transport_groups),
+			       (SELECT COALESCE(string_agg(format('%s/%s/%s', seq, group_id, event), ' ' ORDER BY seq), '') FROM transport_messages)`).Scan(&g, &m); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "p%d groups [%s] messages [%s]\n", i, g, m)
+	}
+	var staged int
+	if err := p.Proxy.QueryRow(ctx(t), `SELECT (SELECT count(*) FROM transport_px_messages) + (SELECT count(*) FROM transport_px_groups)`).Scan(&staged); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "proxy %d rows\n", staged)
+	return b.String()
+}
+
+// TestProxyDesignStatements runs every statement of the design
+// (docs/design.md, "The design we started from": its schema, publish,
+// claim, ack and nack, and the statements inside harel_claim and
+// harel_ack, which a client could send itself) on the proxy in plain SQL:
+// each works, or is refused with an error that names the call to use and
+// writes nothing anywhere. Before version 15 the proxy answered the
+// design's nack, a fenced UPDATE, with UPDATE 0 and no error: a lease
+// looked lost while it was held, and the group waited out its lease.
+func TestProxyDesignStatements(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	const group = "design-1"
+	part := p.Parts[home(t, p, group)]
+
+	// Works: the design's publish, two INSERTs in one transaction, message
+	// first; the group's row gets the priority of its first publish.
+	is.NoErr(twoInserts(t, p.Proxy, group, "created", 3, true))
+	is.NoErr(twoInserts(t, p.Proxy, group, "paid", 0, true))
+	var prio, msgs int
+	is.NoErr(part.QueryRow(ctx(t), `SELECT priority, (SELECT count(*) FROM transport_messages WHERE group_id = $1) FROM transport_groups WHERE group_id = $1`, group).Scan(&prio, &msgs))
+	is.Equal([]int{prio, msgs}, []int{3, 2}) // on its partition, with its priority
+
+	// Works: the design's claim, one call.
+	var g, event string
+	var seq int64
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT group_id, seq, event FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 30, 'design:1', 0)`).Scan(&g, &seq, &event))
+	is.Equal([]string{g, event}, []string{group, "created"})
+
+	// Refused: every statement that would act on the proxy's own tables,
+	// with the lease above held. Each names the call to use and writes
+	// nothing, on the partitions or here.
+	for _, c := range []struct {
+		name, sql string
+		args      []any
+		state     string // SQLSTATE
+		names     string // in the message
+	}{
+		{"schema: CREATE TABLE transport_messages", `CREATE TABLE transport_messages (seq BIGSERIAL PRIMARY KEY, group_id TEXT NOT NULL, event TEXT NOT NULL)`, nil, "42P07", "transport_messages"},
+		{"schema: CREATE INDEX transport_messages_group", `CREATE INDEX transport_messages_group ON transport_messages (group_id, seq)`, nil, "42809", "transport_messages"},
+		{"schema: CREATE TABLE transport_groups", `CREATE TABLE transport_groups (group_id TEXT PRIMARY KEY, locked_by TEXT, lock_expiry DOUBLE PRECISION, priority INT NOT NULL DEFAULT 0)`, nil, "42P07", "transport_groups"},
+		{"schema: CREATE INDEX transport_groups_claimable", `CREATE INDEX transport_groups_claimable ON transport_groups (lock_expiry)`, nil, "42809", "transport_groups"},
+		{"harel_claim's lease", `UPDATE transport_groups SET locked_by = $1, lock_expiry = ` + nowSQL + ` + 30
+			WHERE group_id = (SELECT group_id FROM transport_groups
+			                   WHERE (locked_by IS NULL OR lock_expiry < ` + nowSQL + `) AND priority >= 0
+			                   ORDER BY COALESCE(lock_expiry, 0) ASC, group_id FOR UPDATE SKIP LOCKED LIMIT 1)
+			RETURNING group_id`, []any{"design:2"}, "PT009", "harel_claim"},
+		{"harel_claim's head", `SELECT group_id, seq, event FROM transport_messages WHERE group_id = $1 ORDER BY seq LIMIT 1`, []any{group}, "PT009", "harel_claim"},
+		{"harel_claim's stale-group delete", `DELETE FROM transport_groups WHERE group_id = $1 AND locked_by = $2`, []any{group, "design:1"}, "PT009", "harel_claim"},
+		{"harel_ack's fence", `SELECT EXISTS (SELECT 1 FROM transport_groups WHERE group_id = $1 AND locked_by = $2)`, []any{group, "design:1"}, "PT009", "harel_ack"},
+		{"harel_ack's delete", `DELETE FROM transport_messages WHERE seq = $1`, []any{seq}, "PT009", "harel_ack"},
+		{"harel_ack's free", `UPDATE transport_groups SET locked_by = NULL, lock_expiry = ` + nowSQL + ` WHERE group_id = $1 AND locked_by = $2`, []any{group, "design:1"}, "PT009", "harel_ack"},
+		{"nack with a delay (park)", `UPDATE transport_groups SET lock_expiry = ` + nowSQL + ` + 60 WHERE group_id = $1 AND locked_by = $2`, []any{group, "design:1"}, "PT009", "harel_nack"},
+		{"nack without (retry now)", `UPDATE transport_groups SET locked_by = NULL, lock_expiry = NULL WHERE group_id = $1 AND locked_by = $2`, []any{group, "design:1"}, "PT009", "harel_nack"},
+		{"the session's read of the groups", `SELECT group_id, locked_by, lock_expiry > ` + nowSQL + ` AS held, priority FROM transport_groups ORDER BY group_id`, nil, "PT009", "harel_groups"},
+		{"a count of the messages", `SELECT count(*) FROM transport_messages`, nil, "PT009", "harel_peek"},
+	} {
+		before := partitionRows(t, p)
+		_, err := p.Proxy.Exec(ctx(t), c.sql, c.args...)
+		pgErr, _ := errors.AsType[*pgconn.PgError](err)
+		if pgErr == nil || pgErr.Code != c.state || !strings.Contains(pgErr.Message, c.names) {
+			t.Errorf("%s: %v, want SQLSTATE %s naming %s", c.name, err, c.state, c.names)
+			continue
+		}
+		if after := partitionRows(t, p); after != before {
+			t.Errorf("%s: refused, but the rows changed:\n%s\nto\n%s", c.name, before, after)
+		}
+	}
+
+	// A refusal in a publishing transaction aborts it: nothing published.
+	before := partitionRows(t, p)
+	tx, err := p.Proxy.Begin(ctx(t))
+	is.NoErr(err)
+	_, err = tx.Exec(ctx(t), `INSERT INTO transport_messages (group_id, event) VALUES ($1, 'shipped')`, group)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx(t), `UPDATE transport_groups SET priority = 4 WHERE group_id = $1`, group)
+	is.Equal(sqlstate(err), "PT009")
+	is.True(tx.Commit(ctx(t)) != nil) // the transaction was aborted
+	is.Equal(partitionRows(t, p), before)
+
+	// Works: the calls the refusals name. The read shows the lease; the
+	// nack frees the group (true: the lease was held), and the ack of the
+	// next claim answers true too.
+	var holder string
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT holder FROM harel_groups(`+nowSQL+`, NULL, 'group', 0, 100) WHERE group_id = $1`, group).Scan(&holder))
+	is.Equal(holder, "design:1")
+	var ok bool
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT harel_nack($1, 'design:1', `+nowSQL+`, 0)`, group).Scan(&ok))
+	is.True(ok) // the nack found its lease
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT group_id, seq, event FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 30, 'design:2')`).Scan(&g, &seq, &event))
+	is.Equal([]string{g, event}, []string{group, "created"}) // redelivered at once, in order
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'design:2', `+nowSQL+`)`, group, seq).Scan(&ok))
+	is.True(ok)
+	is.NoErr(part.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages WHERE group_id = $1`, group).Scan(&msgs))
+	is.Equal(msgs, 1) // "paid" is left
+}
+
+// TestProxyScriptIsShipped pins the proxy's script of the current version,
+// as TestScriptIsShipped pins the queue's: ApplyProxy runs proxy.sql only
+// on a proxy whose recorded version is older, so a change to it that comes
+// without a new version would reach no proxy already at this one.
+func TestProxyScriptIsShipped(t *testing.T) {
+	n := schema.Version()
+	want, err := os.ReadFile(fmt.Sprintf("../testdata/proxy/v%d.sql", n))
+	if err != nil {
+		t.Fatalf("testdata/proxy/v%d.sql: %v\nA new version needs its proxy script: make proxy-schema > testdata/proxy/v%d.sql", n, err, n)
+	}
+	if got := schema.ProxySQL(); got != string(want) {
+		t.Fatalf("schema.ProxySQL() differs from testdata/proxy/v%d.sql, the proxy script of shipped version %d (first difference: %s).\n"+
+			"Proxies already at version %d would never run the change: keep v%d.sql as it is, add a new numbered step "+
+			"(schema/sql/%03d_<what>.sql; a comment-only one will do), then: make proxy-schema > testdata/proxy/v%d.sql",
+			n, n, firstDiff(string(want), got), n, n, n+1, n+1)
+	}
+}
+
+// proxyCatalog describes the proxy's objects in its schema: relations,
+// columns and defaults, constraints, triggers, views and functions.
+func proxyCatalog(t *testing.T, p *pgtest.Partitioned) string {
+	t.Helper()
+	rows, err := p.Proxy.Query(ctx(t), `
+		WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1)
+		SELECT format('rel %s %s', c.relname, c.relkind) FROM pg_class AS c, ns WHERE c.relnamespace = ns.oid
+		UNION ALL
+		SELECT format('col %s.%s %s %s %s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid))
+		  FROM pg_class AS c JOIN ns ON c.relnamespace = ns.oid JOIN pg_attribute AS a ON a.attrelid = c.oid
+		  LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		 WHERE a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL
+		SELECT format('con %s %s %s', c.relname, k.conname, pg_get_constraintdef(k.oid))
+		  FROM pg_constraint AS k JOIN pg_class AS c ON c.oid = k.conrelid JOIN ns ON c.relnamespace = ns.oid
+		UNION ALL
+		SELECT format('seq %s owned by %s.%s', s.relname, c.relname, a.attname)
+		  FROM pg_depend AS dep JOIN pg_class AS s ON s.oid = dep.objid AND s.relkind = 'S' JOIN ns ON s.relnamespace = ns.oid
+		  JOIN pg_class AS c ON c.oid = dep.refobjid JOIN pg_attribute AS a ON a.attrelid = c.oid AND a.attnum = dep.refobjsubid
+		 WHERE dep.classid = 'pg_class'::regclass AND dep.refclassid = 'pg_class'::regclass AND dep.deptype = 'a'
+		UNION ALL
+		SELECT format('trg %s', pg_get_triggerdef(g.oid)) FROM pg_trigger AS g JOIN pg_class AS c ON c.oid = g.tgrelid JOIN ns ON c.relnamespace = ns.oid
+		 WHERE NOT g.tgisinternal
+		UNION ALL
+		SELECT format('view %s %s', c.relname, pg_get_viewdef(c.oid)) FROM pg_class AS c JOIN ns ON c.relnamespace = ns.oid WHERE c.relkind = 'v'
+		UNION ALL
+		SELECT format('fn %s %s %s', f.proname, pg_get_function_identity_arguments(f.oid), md5(pg_get_functiondef(f.oid)))
+		  FROM pg_proc AS f JOIN ns ON f.pronamespace = ns.oid
+		ORDER BY 1`, p.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestApplyProxyUpgradesV14: a proxy set up at version 14, whose publish
+// tables carried the design's names, takes version 15 from ApplyProxy and
+// ends with the catalog of a fresh one; a role granted what version 14's
+// ProxyGrants gave keeps what the two-INSERT publish needs; the design's
+// nack, answered UPDATE 0 before, is refused (PT009); the publish works.
+func TestApplyProxyUpgradesV14(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Partitions(t, 4)
+	fresh := proxyCatalog(t, p)
+	s := pgx.Identifier{p.Schema}.Sanitize()
+	script, err := os.ReadFile("../testdata/proxy/v14.sql")
+	is.NoErr(err)
+	// The partitions are at the current version, which version 14's check
+	// refuses: ApplyProxy checks them below.
+	v14, found := strings.CutSuffix(string(script), "SELECT harel_px_check(14);\nCOMMIT;\n")
+	is.True(found)
+	_, err = p.Proxy.Exec(ctx(t), `DROP SCHEMA `+s+` CASCADE; CREATE SCHEMA `+s)
+	is.NoErr(err)
+	_, err = p.Proxy.Exec(ctx(t), v14+"COMMIT;\n")
+	is.NoErr(err)
+	v, err := schema.ProxyVersion(ctx(t), p.Proxy, p.Schema)
+	is.NoErr(err)
+	is.Equal(v, 14)
+
+	role := "w_" + p.Schema
+	r := pgx.Identifier{role}.Sanitize()
+	_, err = p.Proxy.Exec(ctx(t), `CREATE ROLE `+r)
+	is.NoErr(err)
+	t.Cleanup(func() {
+		if _, err := p.Proxy.Exec(context.Background(), `DROP OWNED BY `+r+`; DROP ROLE `+r); err != nil {
+			t.Errorf("drop role: %v", err)
+		}
+	})
+	_, err = p.Proxy.Exec(ctx(t), `GRANT USAGE ON SCHEMA `+s+` TO `+r+`;
+		GRANT SELECT, INSERT, DELETE ON `+s+`.transport_messages, `+s+`.transport_groups TO `+r+`;
+		GRANT USAGE ON SEQUENCE `+s+`.transport_messages_seq_seq TO `+r) // version 14's ProxyGrants, less what is not in the schema
+	is.NoErr(err)
+	tag, err := p.Proxy.Exec(ctx(t), `UPDATE transport_groups SET locked_by = NULL, lock_expiry = NULL WHERE group_id = 'g' AND locked_by = 't'`)
+	is.NoErr(err)
+	is.Equal(tag.RowsAffected(), int64(0)) // version 14: the silent UPDATE 0
+
+	is.NoErr(schema.ApplyProxy(ctx(t), p.Proxy, p.Schema))
+	v, err = schema.ProxyVersion(ctx(t), p.Proxy, p.Schema)
+	is.NoErr(err)
+	is.Equal(v, schema.Version())
+	if got := proxyCatalog(t, p); got != fresh {
+		t.Errorf("upgraded proxy differs from a fresh one (first difference: %s)", firstDiff(fresh, got))
+	}
+	var privs string
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `
+		SELECT string_agg(format('%s:%s:%s', t, k, has_table_privilege($1, t, k)), ' ' ORDER BY t, k)
+		  FROM unnest(ARRAY['transport_messages', 'transport_groups']) AS t, unnest(ARRAY['INSERT', 'SELECT']) AS k`, role).Scan(&privs))
+	is.Equal(privs, "transport_groups:INSERT:t transport_groups:SELECT:t transport_messages:INSERT:t transport_messages:SELECT:t") // the views
+	is.NoErr(p.Proxy.QueryRow(ctx(t), `
+		SELECT string_agg(format('%s:%s:%s', t, k, has_table_privilege($1, t, k)), ' ' ORDER BY t, k)
+		  FROM unnest(ARRAY['transport_px_messages', 'transport_px_groups']) AS t, unnest(ARRAY['DELETE', 'SELECT']) AS k`, role).Scan(&privs))
+	is.Equal(privs, "transport_px_groups:DELETE:t transport_px_groups:SELECT:t transport_px_messages:DELETE:t transport_px_messages:SELECT:t") // the publisher's commit empties them
+
+	_, err = p.Proxy.Exec(ctx(t), `UPDATE transport_groups SET locked_by = NULL, lock_expiry = NULL WHERE group_id = 'g' AND locked_by = 't'`)
+	is.Equal(sqlstate(err), "PT009") // refused now
+	is.NoErr(twoInserts(t, p.Proxy, "upgraded", "x", 2, true))
+	var prio int
+	is.NoErr(p.Parts[home(t, p, "upgraded")].QueryRow(ctx(t), `SELECT priority FROM transport_groups WHERE group_id = 'upgraded'`).Scan(&prio))
+	is.Equal(prio, 2) // published on its partition
 }

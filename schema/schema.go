@@ -394,9 +394,12 @@ func Grown(ctx context.Context, db Beginner, name string) (int, error) {
 
 // ProxyGrants returns the statements that let role work a queue through
 // the proxy in schema (empty: public) of a proxy database: call its
-// functions, make the design's two-INSERT publish (whose rows it writes
-// and deletes there until they go to the partitions), read the partition
-// count the proxy was checked with, and use cluster pgtransport. PL/Proxy connects to the partitions as the calling role
+// functions, make the design's two-INSERT publish (into the views
+// transport_messages and transport_groups; the rows wait in
+// transport_px_messages and transport_px_groups, which the publisher's
+// commit reads and empties, until they go to the partitions), read the
+// partition count the proxy was checked with, and use cluster pgtransport.
+// PL/Proxy connects to the partitions as the calling role
 // unless the cluster's connection strings or user mapping name another, so
 // that role needs Grants on every partition too. Identifiers are quoted;
 // errors as Grants'.
@@ -408,7 +411,8 @@ func ProxyGrants(schema, role string) (string, error) {
 	r := pgx.Identifier{role}.Sanitize()
 	return strings.Join([]string{
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
-		"GRANT SELECT, INSERT, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups TO " + r,
+		"GRANT SELECT, INSERT ON " + s + ".transport_messages, " + s + ".transport_groups TO " + r,
+		"GRANT SELECT, INSERT, DELETE ON " + s + ".transport_px_messages, " + s + ".transport_px_groups TO " + r,
 		"GRANT SELECT ON " + s + ".transport_proxy_parts TO " + r,
 		"GRANT USAGE ON SEQUENCE " + s + ".transport_messages_seq_seq TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,

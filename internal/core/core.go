@@ -530,7 +530,9 @@ const groupIDConstraint = "transport_messages_group_id_valid"
 // refusals maps the functions' own SQLSTATEs (class PT, see "Entry
 // checks" in schema/sql/functions.sql) to sentinels. The Go calls check
 // their arguments first, so most of these reach a Go caller only through
-// a hand-made Lease or a caller's own settings.
+// a hand-made Lease or a caller's own settings. PT009 has none: it is a
+// proxy's refusal of a statement on the design's tables there
+// (schema/sql/proxy.sql), which no Go call sends.
 var refusals = map[string]error{
 	"PT001": pgtransport.ErrLeaseLost,         // an ack of a seq the lease was not handed (its error says why)
 	"PT002": pgtransport.ErrInvalidWorkerID,   // a NULL or empty lease token (workerID:uuid in Go)

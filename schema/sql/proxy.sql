@@ -1,7 +1,7 @@
 -- proxy.sql: the protocol on a PL/Proxy proxy database, over a queue
--- spread on N partition databases (issue 18). Applied by schema.ApplyProxy
--- (or loaded with psql like the main script, after the prelude), never by
--- Apply: a proxy holds no queue of its own.
+-- spread on N partition databases (docs/protocol.md, "Partitions").
+-- Applied by schema.ApplyProxy (or loaded with psql like the main script,
+-- after the prelude), never by Apply: a proxy holds no queue of its own.
 --
 -- The cluster. PL/Proxy's cluster 'pgtransport' (a foreign server of the
 -- plproxy wrapper: CREATE SERVER pgtransport FOREIGN DATA WRAPPER plproxy
@@ -45,36 +45,15 @@
 -- makes it: the rows wait in this database's tables (which hold nothing
 -- else, and nothing after a commit) and go to their partitions, as one
 -- harel_publish_many, when the transaction commits; a rolled-back
--- transaction publishes nothing. Reading those tables here shows nothing:
--- the queue is on the partitions (harel_stats, harel_groups and
--- harel_peek read it from here).
+-- transaction publishes nothing. Every other statement on those tables is
+-- refused (PT009), naming the call to use: the design's nack (a fenced
+-- UPDATE) would otherwise answer UPDATE 0, a lost lease, for a lease that
+-- is held, and a read would show an empty queue ("The design's tables"
+-- below).
 --
 -- Settings: every function pins search_path as the queue's functions do,
 -- so PL/Proxy's routing calls (harel_px_home, harel_px_route) resolve in
 -- this schema; the partitions' functions pin their own.
-
--- The two-INSERT publish's tables: the same columns, constraints and
--- defaults the design's statements need; rows live here only until their
--- transaction commits (harel_px_flush).
-CREATE TABLE IF NOT EXISTS transport_messages (
-    seq          BIGSERIAL PRIMARY KEY,
-    group_id     TEXT NOT NULL CONSTRAINT transport_messages_group_id_valid CHECK (octet_length(group_id) BETWEEN 1 AND 1024),
-    event        TEXT NOT NULL,
-    published_at TIMESTAMPTZ DEFAULT statement_timestamp(),
-    last_error   TEXT
-);
-CREATE TABLE IF NOT EXISTS transport_groups (
-    group_id      TEXT PRIMARY KEY,
-    locked_by     TEXT,
-    lock_expiry   DOUBLE PRECISION,
-    priority      INT NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 4),
-    delivered_seq BIGINT,
-    attempts      INT NOT NULL DEFAULT 0,
-    paused        BOOLEAN NOT NULL DEFAULT false,
-    leased_at     DOUBLE PRECISION,
-    arrival       BIGINT,
-    state         BYTEA
-);
 
 -- A queue's schema is not a proxy's: this script would replace its
 -- functions and its triggers would delete its rows.
@@ -84,6 +63,113 @@ BEGIN
         RAISE EXCEPTION 'pgtransport proxy: schema % holds a queue; a proxy''s schema holds none', current_schema()
             USING ERRCODE = '22023';
     END IF;
+END
+$pgtransport$;
+
+-- The design's tables. Here only the two-INSERT publish can act on them:
+-- every other statement the design gives (the nack's fenced UPDATE, the
+-- statements inside harel_claim and harel_ack, a read) would find none of
+-- the queue's rows, which are on the partitions, and answer as if the
+-- queue were empty or the lease lost. Such a statement cannot be routed:
+-- a trigger sees rows, not a WHERE clause; a view with INSTEAD OF
+-- triggers, which could route, refuses the publish's ON CONFLICT
+-- (group_id); and a routed write would commit on its own, outside the
+-- caller's transaction. So it is refused, naming the call that does it on
+-- the right partition. The rows wait in transport_px_messages and
+-- transport_px_groups; transport_messages and transport_groups are views
+-- of them that PostgreSQL updates itself: an INSERT goes through (with the
+-- tables' defaults, constraints and ON CONFLICT arbiter), while a read,
+-- UPDATE, DELETE or SELECT ... FOR UPDATE evaluates the views' condition,
+-- harel_px_refuse, which raises PT009 once per statement, before any row
+-- is read (a one-time filter: it names no column). The constraints,
+-- indexes and sequence keep the names they have on one database (and had
+-- here before version 15), which errors name.
+
+-- A proxy of version 14 or before kept the rows under the design's names:
+-- those tables are renamed (their constraints, indexes, sequence,
+-- triggers and grants go with them; their grants are carried to the
+-- views below).
+DO $pgtransport$
+BEGIN
+    IF to_regclass('transport_px_messages') IS NULL
+       AND (SELECT c.relkind FROM pg_class AS c WHERE c.oid = to_regclass('transport_messages')) = 'r' THEN
+        ALTER TABLE transport_messages RENAME TO transport_px_messages;
+        ALTER TABLE transport_groups RENAME TO transport_px_groups;
+    END IF;
+END
+$pgtransport$;
+
+-- The two-INSERT publish's tables: the same columns, constraints and
+-- defaults the design's statements need; rows live here only until their
+-- transaction commits (harel_px_flush).
+CREATE SEQUENCE IF NOT EXISTS transport_messages_seq_seq;
+CREATE TABLE IF NOT EXISTS transport_px_messages (
+    seq          BIGINT NOT NULL DEFAULT nextval('transport_messages_seq_seq') CONSTRAINT transport_messages_pkey PRIMARY KEY,
+    group_id     TEXT NOT NULL CONSTRAINT transport_messages_group_id_valid CHECK (octet_length(group_id) BETWEEN 1 AND 1024),
+    event        TEXT NOT NULL,
+    published_at TIMESTAMPTZ DEFAULT statement_timestamp(),
+    last_error   TEXT
+);
+ALTER SEQUENCE transport_messages_seq_seq OWNED BY transport_px_messages.seq;
+CREATE TABLE IF NOT EXISTS transport_px_groups (
+    group_id      TEXT CONSTRAINT transport_groups_pkey PRIMARY KEY,
+    locked_by     TEXT,
+    lock_expiry   DOUBLE PRECISION,
+    priority      INT NOT NULL DEFAULT 0 CONSTRAINT transport_groups_priority_check CHECK (priority BETWEEN 0 AND 4),
+    delivered_seq BIGINT,
+    attempts      INT NOT NULL DEFAULT 0,
+    paused        BOOLEAN NOT NULL DEFAULT false,
+    leased_at     DOUBLE PRECISION,
+    arrival       BIGINT,
+    state         BYTEA
+);
+
+-- harel_px_refuse refuses (PT009) a statement that reads, updates or
+-- deletes the design's table p_table here, naming the calls to use.
+-- STABLE, and of no column, so the views' condition is a one-time filter.
+CREATE OR REPLACE FUNCTION harel_px_refuse(p_table TEXT)
+RETURNS BOOLEAN
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_table = 'transport_groups' THEN
+        RAISE EXCEPTION 'pgtransport proxy: transport_groups here takes only the design''s publish (INSERT ... ON CONFLICT DO NOTHING); the groups are on the partitions: nack with harel_nack, claim with harel_claim, ack with harel_ack, read with harel_groups'
+            USING ERRCODE = 'PT009',
+                  HINT = 'SELECT harel_nack(group, token, now, delay) is the fenced nack (true: the token held the group; a delay of 0 frees it); '
+                         'SELECT * FROM harel_claim(now, now + visibility, token, min_priority) claims, SELECT harel_ack(group, seq, token, now) acks; '
+                         'SELECT * FROM harel_groups(now, NULL, ''group'', 0, 100) lists the groups, harel_group(now, group) shows one '
+                         '(docs/protocol.md, "Partitions").';
+    END IF;
+    RAISE EXCEPTION 'pgtransport proxy: transport_messages here takes only the design''s publish (INSERT); the messages are on the partitions: ack with harel_ack, claim with harel_claim, read with harel_peek'
+        USING ERRCODE = 'PT009',
+              HINT = 'SELECT harel_ack(group, seq, token, now) acks (true: the token held the group); '
+                     'SELECT * FROM harel_peek(group, NULL, 10) reads a group''s messages, harel_stats() counts them '
+                     '(docs/protocol.md, "Partitions").';
+END
+$$;
+
+CREATE OR REPLACE VIEW transport_messages AS
+    SELECT * FROM transport_px_messages WHERE harel_px_refuse('transport_messages');
+CREATE OR REPLACE VIEW transport_groups AS
+    SELECT * FROM transport_px_groups WHERE harel_px_refuse('transport_groups');
+
+-- Whoever may insert into (or read back from: RETURNING) a publish table
+-- may do so through its view: the grants of a proxy of version 14 or
+-- before, which named the tables, carry over (schema.ProxyGrants names
+-- both).
+DO $pgtransport$
+DECLARE
+    r RECORD;
+BEGIN
+    FOR r IN SELECT v.view, a.privilege_type AS priv,
+                    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::REGROLE::TEXT END AS grantee
+               FROM (VALUES ('transport_px_messages', 'transport_messages'), ('transport_px_groups', 'transport_groups')) AS v(base, view),
+                    pg_class AS c, aclexplode(c.relacl) AS a
+              WHERE c.oid = to_regclass(v.base) AND a.grantee <> c.relowner AND a.privilege_type IN ('INSERT', 'SELECT')
+    LOOP
+        EXECUTE format('GRANT %s ON %I TO %s', r.priv, r.view, r.grantee);
+    END LOOP;
 END
 $pgtransport$;
 
@@ -986,16 +1072,16 @@ DECLARE
     v_prios  INT[];
 BEGIN
     -- Sent already by an earlier firing: one index probe, not a scan.
-    IF TG_TABLE_NAME = 'transport_messages' THEN
-        PERFORM 1 FROM transport_messages AS m WHERE m.seq = NEW.seq;
+    IF TG_TABLE_NAME = 'transport_px_messages' THEN
+        PERFORM 1 FROM transport_px_messages AS m WHERE m.seq = NEW.seq;
     ELSE
-        PERFORM 1 FROM transport_groups AS g WHERE g.group_id = NEW.group_id;
+        PERFORM 1 FROM transport_px_groups AS g WHERE g.group_id = NEW.group_id;
     END IF;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    WITH m AS (DELETE FROM transport_messages RETURNING seq, group_id, event),
-         g AS (DELETE FROM transport_groups RETURNING group_id, priority)
+    WITH m AS (DELETE FROM transport_px_messages RETURNING seq, group_id, event),
+         g AS (DELETE FROM transport_px_groups RETURNING group_id, priority)
     SELECT array_agg(m.group_id ORDER BY m.seq), array_agg(m.event ORDER BY m.seq),
            array_agg(COALESCE(g.priority, 0) ORDER BY m.seq)
       INTO v_groups, v_events, v_prios
@@ -1007,11 +1093,11 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS transport_messages_flush ON transport_messages;
+DROP TRIGGER IF EXISTS transport_messages_flush ON transport_px_messages;
 CREATE CONSTRAINT TRIGGER transport_messages_flush
-    AFTER INSERT ON transport_messages DEFERRABLE INITIALLY DEFERRED
+    AFTER INSERT ON transport_px_messages DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION harel_px_flush();
-DROP TRIGGER IF EXISTS transport_groups_flush ON transport_groups;
+DROP TRIGGER IF EXISTS transport_groups_flush ON transport_px_groups;
 CREATE CONSTRAINT TRIGGER transport_groups_flush
-    AFTER INSERT ON transport_groups DEFERRABLE INITIALLY DEFERRED
+    AFTER INSERT ON transport_px_groups DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION harel_px_flush();
