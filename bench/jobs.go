@@ -17,7 +17,7 @@ import (
 // a producer that holds the queue at 4,000 jobs with PublishMany batches of
 // 128. It reports jobs/s and the share of this process's active backends
 // that pg_stat_activity shows waiting on an advisory lock: the
-// lost-publish guard's publishers waiting for drainers (issue 12, item 6).
+// lost-publish guard's publishers waiting for drainers (bench/README.md, "Jobs").
 const (
 	jobsInFlight = 64
 	jobsDepth    = 4000

@@ -13,7 +13,7 @@ import (
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
-// The partitions suite (issue 18): the async claim+ack (one stream of
+// The partitions suite: the async claim+ack (one stream of
 // MaxInFlight W drained by W goroutines that ack, as suite claimack's
 // async) through an async.Transport over N partition databases (1, 2, 4),
 // over 10,000 groups. The Cluster talks to each partition directly: a

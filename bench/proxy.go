@@ -14,7 +14,7 @@ import (
 	"github.com/pgtransport/pgtransport/schema"
 )
 
-// The proxy suite (issue 18): a plain-SQL client's loop, as a client in
+// The proxy suite: a plain-SQL client's loop, as a client in
 // another language writes it (harel_claim, then harel_ack, one message at
 // a time), at 16 clients over 10,000 groups:
 //   - direct: on one database;

@@ -12,7 +12,7 @@ import (
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
-// The handler runtime of issue 14 (Work), with no-op handlers, against
+// The handler runtime (Work), with no-op handlers, against
 // what it is measured by, all in one suite whose runs take turns (one run
 // of each, then the next round), so that a noisy machine's slow spell
 // falls on all of them alike:
@@ -182,6 +182,6 @@ func runtimeTable(r *runner) string {
 			ratio(res, loop, lok && res.system != "river" && res.system != "sync"),
 			ratio(res, river, rok && res.system != "river"))
 	}
-	b.WriteString("\nGoals (issue 14): sync-work ≥ 1.0x the ceiling and ≥ 1.5x the sync loop; async-work ≥ 2x River 64.\n")
+	b.WriteString("\nGoals (bench/README.md, \"The handler runtime\"): sync-work ≥ 1.0x the ceiling and ≥ 1.5x the sync loop; async-work ≥ 2x River 64.\n")
 	return b.String()
 }

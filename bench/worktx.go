@@ -15,7 +15,7 @@ import (
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
-// The transactional handler of issue 19 (WorkTx) against the plain
+// The transactional handler (WorkTx) against the plain
 // runtime (Work), each handler inserting one row per message into a user
 // table, on both front-ends at 16 and 64 handlers, over 10,000 groups:
 //   - work-insert: Work, whose handler inserts the row in a commit of its

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// The effect view (issue 19): what transactional handlers (WorkTx,
+// The effect view: what transactional handlers (WorkTx,
 // AckStateTx) leave in the user's own tables. Each handler writes one
 // effect row per message inside the transaction that acks it, and folds
 // the message into its group's state; the queue promises that every

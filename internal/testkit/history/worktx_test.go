@@ -22,7 +22,7 @@ import (
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
-// TestFaultsWorkTx is the effect view under faults (issue 19): transactional
+// TestFaultsWorkTx is the effect view under faults: transactional
 // runtimes (WorkTx: two blocking ones of four slots, an async one of eight,
 // and a blocking one of two slots whose connections go through a proxy
 // that loses the replies of COMMITs after they committed) and a rogue
