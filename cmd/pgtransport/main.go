@@ -18,7 +18,7 @@
 //
 // (go install @version refuses a go.mod with replace directives: a tagged
 // release requires the tagged library and metrics modules instead of the
-// checkout's replace lines).
+// checkout's replace lines; docs/release.md has the steps).
 //
 // It connects to --dsn (default $DATABASE_URL; empty: libpq's defaults,
 // the PG* variables and the local socket) and works on the queue in
