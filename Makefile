@@ -6,12 +6,12 @@ BENCHCOUNT ?= 3
 FUZZTIME ?= 10m
 # Nested modules with their own go.mod (dependencies the library's go.mod
 # must not carry): tested, vetted and tidied with the library.
-MODULES = metrics cmd/pgtransport
+MODULES = metrics cmd/pgtransport internal/cmd/modproxy
 
-.PHONY: help test schema proxy-schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy
+.PHONY: help test schema proxy-schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy release-check
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 test: tidy vet ## vet, every test under the race detector on a real PostgreSQL (library, metrics, command), and a short fuzz pass
 	$(GO) test -race -count=1 -timeout 20m ./...
@@ -58,3 +58,6 @@ tidy: ## fail when go mod tidy would change go.mod or go.sum (library, bench and
 
 fmt: ## gofmt the tree
 	gofmt -w .
+
+release-check: ## rehearse docs/release.md offline: go install the command at a made-up version from a file:// module proxy, no replace lines (well under a minute)
+	.ci/release-check

@@ -2,8 +2,9 @@
 // inspect the schema, see the queue's depth and its groups, look at a
 // group's next messages, pause, resume or purge a group, list, redrive or
 // purge dead letters, publish messages from a script, serve
-// OpenTelemetry metrics as Prometheus text, and serve a live dashboard in
-// the browser.
+// OpenTelemetry metrics as Prometheus text, serve a live dashboard in the
+// browser, and print the versions it was built from (`pgtransport version`:
+// the command's, the library's and metrics' modules, and its schema version).
 //
 // It is a module of its own, so its dependencies (cobra, OpenTelemetry,
 // Prometheus) never reach the library's go.mod. Install it from a checkout
@@ -17,7 +18,7 @@
 //
 // (go install @version refuses a go.mod with replace directives: a tagged
 // release requires the tagged library and metrics modules instead of the
-// checkout's replace lines).
+// checkout's replace lines; docs/release.md has the steps).
 //
 // It connects to --dsn (default $DATABASE_URL; empty: libpq's defaults,
 // the PG* variables and the local socket) and works on the queue in

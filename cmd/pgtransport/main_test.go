@@ -23,7 +23,7 @@ func TestHelp(t *testing.T) {
 	code := run(context.Background(), []string{"--help"}, &env{stdout: &out, stderr: &out, stdin: strings.NewReader(""), getenv: func(string) string { return "postgres://u:secret@db/app" }})
 	is.Equal(code, 0)
 	is.True(!strings.Contains(out.String(), "secret")) // $DATABASE_URL is not shown as the default
-	for _, want := range []string{"Exit codes:", "130  interrupted", "migrate", "stats", "groups", "peek", "pause", "resume", "purge", "dead", "publish", "metrics", "serve", "--dsn", "--schema"} {
+	for _, want := range []string{"Exit codes:", "130  interrupted", "migrate", "stats", "groups", "peek", "pause", "resume", "purge", "dead", "publish", "metrics", "serve", "version", "--dsn", "--schema"} {
 		is.True(strings.Contains(out.String(), want)) // root help lists it
 	}
 	for _, sub := range [][]string{{"migrate"}, {"migrate", "grants"}, {"groups"}, {"purge"}, {"dead", "redrive"}, {"dead", "purge"}, {"publish"}, {"metrics"}, {"serve"}} {

@@ -193,6 +193,7 @@ func (a *app) rootCmd() *cobra.Command {
 		a.publishCmd(),
 		a.metricsCmd(),
 		a.serveCmd(),
+		a.versionCmd(),
 	)
 	return root
 }
