@@ -33,7 +33,7 @@ schema: ## print the complete SQL script (default names) to stdout
 proxy-schema: ## print the script of a PL/Proxy proxy database over partitions (docs/protocol.md, "Partitions") to stdout
 	@$(GO) run ./internal/cmd/schemasql -proxy
 
-bench: ## pgtransport vs the old design vs River, poison messages and dedup, about 4 minutes: table, CSV and SVG chart in $(RESULTS)/
+bench: ## pgtransport vs the old design vs River, poison messages and dedup, about 8 minutes: table, CSV and SVG chart in $(RESULTS)/
 	cd bench && $(GO) run . -out $(abspath $(RESULTS))
 
 bench-full: ## the same, longer runs and more of them
