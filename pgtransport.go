@@ -115,6 +115,14 @@ var (
 	// ErrInvalidSchema: a schema name PostgreSQL cannot hold (empty is fine:
 	// it means the connection's current schema).
 	ErrInvalidSchema = errors.New("pgtransport: invalid schema name")
+	// ErrUnreachable: FromDSN or OpenCluster retried a database that did
+	// not accept connections (refused, not resolvable yet, starting up,
+	// too many connections) for all of Config.MaxConnectWait; the error
+	// wraps the last connection error too. A refusal that waiting cannot
+	// heal (a database or role that does not exist, a wrong password, a
+	// role that may not connect) is not retried: it is returned at once,
+	// wrapping the server's *pgconn.PgError.
+	ErrUnreachable = errors.New("pgtransport: database unreachable")
 	// ErrInvalidConfig: a Config field out of range.
 	ErrInvalidConfig = errors.New("pgtransport: invalid config")
 	// ErrSchemaMissing: the tables or functions are not there; apply the
@@ -287,8 +295,13 @@ type Config struct {
 	// DefaultMaxEventBytes.
 	MaxEventBytes int
 
-	// MaxConnectWait bounds how long FromDSN retries a database that is not
-	// accepting connections yet. 0 means DefaultMaxConnectWait.
+	// MaxConnectWait bounds how long FromDSN and OpenCluster retry a
+	// database that does not accept connections yet (refused, a host name
+	// not resolvable yet, the server starting up or shutting down, too
+	// many connections), logging each kind of cause once at Warn; then
+	// they return ErrUnreachable. What waiting cannot heal (a database or
+	// role that does not exist, a wrong password) fails at once. 0 means
+	// DefaultMaxConnectWait.
 	MaxConnectWait time.Duration
 
 	// IdleSweep bounds how long an idle async consumer sleeps without

@@ -1,10 +1,15 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -51,38 +56,120 @@ func parseDSN(dsn string) (*pgxpool.Config, error) {
 }
 
 // connectPool opens a pool on pcfg and waits until the server answers, as
-// Connect says; cfg has its defaults.
+// Connect says; cfg has its defaults. Only what can heal is retried
+// (heals); a cause is logged the first time its kind is seen. ctx's end is
+// the caller's and is returned as such; the end of cfg.MaxConnectWait is
+// ErrUnreachable, never a deadline of the caller's.
 func connectPool(ctx context.Context, pcfg *pgxpool.Config, cfg pgtransport.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, cfg.MaxConnectWait)
-	defer cancel()
+	if err := waitFor(ctx, pool, cfg); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// waitFor pings pool until the server answers, as connectPool says.
+func waitFor(ctx context.Context, pool *pgxpool.Pool, cfg pgtransport.Config) error {
+	giveUp := time.Now().Add(cfg.MaxConnectWait)
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = 50 * time.Millisecond
 	b.MaxInterval = 2 * time.Second
-	b.MaxElapsedTime = 0 // wctx bounds it
-	var last error
-	err = backoff.Retry(func() error {
-		actx, cancel := context.WithTimeout(wctx, 5*time.Second)
-		defer cancel()
+	b.MaxElapsedTime = 0 // giveUp bounds it
+	logged := map[string]bool{}
+	log := cmp.Or(cfg.Logger, slog.Default())
+	var last error // the last attempt's error, or the one before an attempt cut short by the wait's end
+	for {
+		actx, cancel := context.WithTimeout(ctx, min(time.Until(giveUp), 5*time.Second))
 		err := pool.Ping(actx)
-		if err != nil && (last == nil || wctx.Err() == nil) {
-			// An attempt begun as wctx ended fails with wctx's error
-			// alone; the error worth reporting is the one before it.
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("connect: %w (last error: %w)", ctx.Err(), cmp.Or(last, err))
+		}
+		kind, ok := heals(err)
+		if !ok {
+			return fmt.Errorf("connect: %w%s", err, connectHint(err))
+		}
+		if last == nil || !errors.Is(err, context.DeadlineExceeded) {
 			last = err
 		}
-		return err
-	}, backoff.WithContext(b, wctx))
-	if err != nil {
-		pool.Close()
-		if last != nil && !errors.Is(err, last) {
-			return nil, fmt.Errorf("connect: gave up: %w (last error: %w)", err, last)
+		left := time.Until(giveUp)
+		if left <= 0 {
+			return fmt.Errorf("connect: %w: gave up after %v (Config.MaxConnectWait): %w", pgtransport.ErrUnreachable, cfg.MaxConnectWait, last)
 		}
-		return nil, fmt.Errorf("connect: %w", err)
+		if !logged[kind] {
+			logged[kind] = true
+			log.Warn("pgtransport: connect: the database does not accept connections yet; retrying", "err", err, "gives_up_in", left.Round(time.Second))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("connect: %w (last error: %w)", ctx.Err(), last)
+		case <-time.After(min(b.NextBackOff(), left)):
+		}
 	}
-	return pool, nil
+}
+
+// heals reports whether a failed connect may succeed if tried again, and
+// names the kind of its cause (for logging each kind once): the server
+// refusing for now (starting up or shutting down, too many connections,
+// out of resources), the network (refused, reset, timed out, a host
+// name not resolvable yet, as while a compose service starts). A server
+// that answers with any other refusal (a database or role that does not
+// exist, a wrong password, a role that may not connect), or a TLS
+// certificate that does not verify, will refuse again: it does not heal.
+func heals(err error) (kind string, ok bool) {
+	if pgErr, isPg := errors.AsType[*pgconn.PgError](err); isPg {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", // shutting down, crashed, starting up
+			"53000", "53100", "53200", "53300", "53400", // out of resources, too many connections
+			"08000", "08001", "08004", "08006": // connection exceptions
+			return pgErr.Code, true
+		}
+		return pgErr.Code, false
+	}
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	if errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid) {
+		return "tls", false
+	}
+	if _, isDNS := errors.AsType[*net.DNSError](err); isDNS {
+		return "dns", true
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return "refused", true
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout", true
+	}
+	return "network", true
+}
+
+// connectHint is what to do about a connect refusal that does not heal.
+func connectHint(err error) string {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok {
+		return ""
+	}
+	switch pgErr.Code {
+	case "3D000":
+		return ": not retried: create the database, or fix the connection string's database name"
+	case "28000":
+		return ": not retried: create the role (or let it log in), or fix the connection string's user"
+	case "28P01":
+		return ": not retried: fix the password (the connection string, PGPASSWORD or the password file)"
+	case "42501":
+		return ": not retried: the role may not connect to this database (GRANT CONNECT ON DATABASE … TO …)"
+	}
+	return ": not retried (the server would refuse again)"
 }
 
 // setsPoolSize reports whether dsn, which pgxpool.ParseConfig accepted,
