@@ -43,11 +43,37 @@ import (
 	"github.com/pgtransport/pgtransport"
 )
 
-//go:embed sql/*.sql
+//go:embed sql/[0-9]*.sql sql/functions/*.sql sql/proxy.sql
 var files embed.FS
 
-// functions is sql/functions.sql, applied whole after the numbered steps.
-var functions = mustRead("sql/functions.sql")
+// functionFiles are the files of sql/functions/, in name order (the order
+// they are applied in); functions is their text, one after the other,
+// applied whole after the numbered steps.
+var functionFiles, functions = loadFunctions()
+
+func loadFunctions() ([]string, string) {
+	names, err := fs.Glob(files, "sql/functions/*.sql")
+	if err != nil {
+		panic(err)
+	}
+	var b strings.Builder
+	for i, name := range names {
+		base := path.Base(name)
+		num, _, ok := strings.Cut(base, "_")
+		if _, err := strconv.Atoi(num); !ok || err != nil || len(num) != 2 {
+			panic("schema: a functions file's name must start with two digits and an underscore: " + base)
+		}
+		if i > 0 && strings.HasPrefix(path.Base(names[i-1]), num+"_") {
+			panic("schema: two functions files share the number " + num)
+		}
+		names[i] = base
+		b.WriteString(mustRead(name))
+	}
+	if len(names) == 0 {
+		panic("schema: no functions files")
+	}
+	return names, b.String()
+}
 
 // proxy is sql/proxy.sql, a proxy database's functions (ApplyProxy).
 var proxy = mustRead("sql/proxy.sql")
