@@ -143,7 +143,7 @@ SELECT 'sequence ' || c.relname,
   FROM pg_sequence AS s JOIN pg_class AS c ON c.oid = s.seqrelid
  WHERE c.relnamespace = $1::regnamespace
 UNION ALL
-SELECT 'versions', string_agg(v.version::text, ',' ORDER BY v.version)
+SELECT 'versions', COALESCE(string_agg(v.version::text, ',' ORDER BY v.version), '(none)')
   FROM transport_schema_version AS v`
 
 // readCatalog reads db's schema as catalogQuery lists it, keyed by object.
