@@ -14,20 +14,22 @@ import (
 )
 
 // inlined are the helpers the planner inlines into their callers'
-// statements (see functions.sql's header): LANGUAGE sql, one expression, no
-// setting. A function belongs here only if TestGuardInlined shows it
-// inlined; every other function pins the four settings.
+// statements (see the head of functions/10_guard.sql): LANGUAGE sql, one
+// expression, no setting. A function belongs here only if TestGuardInlined
+// shows it inlined; every other function pins the four settings.
 var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed", "harel_group_state"}
 
 // lockOnly are the trigger functions that pin search_path alone (see
-// harel_hold_group in functions.sql): they run once per row, read no table
-// and evaluate one plain expression, so the planner settings could change
-// nothing there and would cost their setting and resetting on every row.
+// harel_hold_group in functions/10_guard.sql): they run once per row, read
+// no table and evaluate one plain expression, so the planner settings could
+// change nothing there and would cost their setting and resetting on every
+// row.
 var lockOnly = []string{"harel_hold_group", "harel_home"}
 
-// TestPinnedSettings checks functions.sql's invariant from the catalog:
-// every function but the inlined helpers and lockOnly pins search_path (the
-// schema, then pg_temp), plan_cache_mode, enable_seqscan and jit, so a new
+// TestPinnedSettings checks the functions' invariant (the head of
+// functions/10_guard.sql) from the catalog: every function but the inlined
+// helpers and lockOnly pins search_path (the schema, then pg_temp),
+// plan_cache_mode, enable_seqscan and jit, so a new
 // function that forgets one fails here; the helpers pin none and are
 // LANGUAGE sql, or the planner would not inline them; lockOnly pin
 // search_path and name no queue table.
@@ -73,7 +75,7 @@ func TestPinnedSettings(t *testing.T) {
 		}
 		pinned++
 		if !slices.Equal(slices.Sorted(slices.Values(f.Config)), slices.Sorted(slices.Values(want))) {
-			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in functions.sql)", f.Name, f.Config, want)
+			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in schema/sql/functions/)", f.Name, f.Config, want)
 		}
 	}
 	is.Equal(helpers, len(inlined)) // every helper named above exists

@@ -1,20 +1,29 @@
--- functions.sql: the live definition of every function and trigger, each
--- once, as it runs.
+-- 10_guard.sql: the rules every file of functions/ follows, then the
+-- lost-publish guard (the trigger every message insert runs).
 --
--- Why one file beside the numbered ones: the numbered files (NNN_*.sql) are
--- forward-only upgrade steps and hold only what must run once in a
--- database's life (tables, columns, indexes, storage settings). Until
--- version 8 they defined the functions too, later steps redefining earlier
--- ones, so the code that ran had to be pieced together from several files.
--- This file is instead re-applied whole, after the missing numbered steps
--- and in the same transaction, whenever a database's recorded version is
--- below the library's: what you read here is what runs. Everything is
--- CREATE OR REPLACE (a trigger: DROP TRIGGER IF EXISTS, then CREATE
--- TRIGGER), so it is idempotent. A change here ships with a new numbered
--- step (a comment-only one will do) and a new testdata/schema/vN.sql, so
--- that databases at the previous version pick it up; the schema tests prove
--- that a database upgraded from every shipped version ends with exactly the
--- catalog of a fresh install.
+-- functions/ holds the live definition of every function and trigger,
+-- each once, as it runs, one file per part of the protocol (10_guard.sql
+-- to 99_grants.sql). Apply runs the files in name order, after the missing
+-- numbered steps and in the same transaction, whenever a database's
+-- recorded version is below the library's; schema.Functions and
+-- schema.SQL hand out the same text, the files one after the other. A
+-- LANGUAGE sql function must come after the functions it calls (its body
+-- is checked when it is created), and a trigger after its function;
+-- PL/pgSQL bodies are resolved when they first run.
+--
+-- Why these files beside the numbered ones: the numbered files (NNN_*.sql)
+-- are forward-only upgrade steps and hold only what must run once in a
+-- database's life (tables, columns, indexes, storage settings; tables.sql
+-- shows what they add up to). Until version 8 they defined the functions
+-- too, later steps redefining earlier ones, so the code that ran had to be
+-- pieced together from several files. These files are instead re-applied
+-- whole: what you read here is what runs. Everything is CREATE OR REPLACE
+-- (a trigger: DROP TRIGGER IF EXISTS, then CREATE TRIGGER), so it is
+-- idempotent. A change to any of them ships with a new numbered step (a
+-- comment-only one will do) and a new testdata/schema/vN.sql, so that
+-- databases at the previous version pick it up; the schema tests prove
+-- that a database upgraded from every shipped version ends with exactly
+-- the catalog of a fresh install.
 --
 -- The harel_ prefix is the protocol's name, as the design names its two
 -- server-side functions (harel_claim, harel_ack). Clients in other languages
@@ -26,9 +35,9 @@
 -- tables (transport_messages, transport_groups, transport_waiters), every
 -- trigger function and every function a client calls pins these four
 -- settings in its own definition (SET clauses here, never a later ALTER
--- FUNCTION). Today that is every function but the inlined helpers and one
--- exception, harel_hold_group (see there).
---   search_path FROM CURRENT: Apply runs this file with search_path set to
+-- FUNCTION). Today that is every function but the inlined helpers and two
+-- exceptions, harel_hold_group (below) and harel_home (90_growing.sql).
+--   search_path FROM CURRENT: Apply runs these files with search_path set to
 --     the target schema followed by pg_temp, so nothing planted on a
 --     caller's search_path (a look-alike table, a temporary one) can stand
 --     in for these tables.
@@ -59,14 +68,15 @@
 -- came with version 1 (they keep its names, arguments and results; see
 -- harel_ack for its one changed result), publish, nack and extend with 2,
 -- the wake-ups with 3, the batch functions with 4, the one-write ack with
--- 6, the pinned plan settings with 7, this file and the guard helpers
--- with 8, the entry checks (see there) with 9, delivery attempts, fail,
--- dead letters and keyed publish (see "Claim", "Fail" and "Idempotent
--- publish") with 10, the operator's stats, listings, pause, resume and
--- purge (see "Operations") with 11, the per-group state and its ack
--- (see "Exactly-once: per-group state") with 12, the partitions' calls
--- (see "Partitions") with 13, growing a cluster (see "Growing") with 14.
-
+-- 6, the pinned plan settings with 7, the functions in one file
+-- (functions.sql) and the guard helpers with 8, the entry checks
+-- (15_checks.sql) with 9, delivery attempts, fail, dead letters and keyed
+-- publish (30_claim.sql, 50_fail.sql, 55_keyed_publish.sql) with 10, the
+-- operator's stats, listings, pause, resume and purge (70_operations.sql)
+-- with 11, the per-group state and its ack (75_state.sql) with 12, the
+-- partitions' calls (85_partitions.sql) with 13, growing a cluster
+-- (90_growing.sql) with 14, and with 15 the one file split into these, by
+-- section.
 
 -- The lost-publish guard. A publish that lands in a group while an ack
 -- drains it must not end with its message and no group row: the ack cannot
@@ -145,5 +155,3 @@ DROP TRIGGER IF EXISTS transport_messages_hold_group ON transport_messages;
 CREATE TRIGGER transport_messages_hold_group
     BEFORE INSERT ON transport_messages
     FOR EACH ROW EXECUTE FUNCTION harel_hold_group();
-
-

@@ -1,4 +1,6 @@
--- Entry checks (version 9). Each function refuses, with an error of
+-- 15_checks.sql: the entry checks (version 9).
+--
+-- Each function refuses, with an error of
 -- SQLSTATE class PT, arguments that would break a guarantee, before it
 -- changes a row; the calls the design describes, with sane arguments,
 -- behave as before. Each check is an expression on the arguments and the
@@ -42,8 +44,8 @@
 -- who can turn it off as they can write the tables.
 
 -- harel_clock_skewed is true when p_now is farther from the server's clock
--- than the bound. Inlined (see the settings invariant above): it runs
--- inside its caller's expression at no call's cost. date_part, not
+-- than the bound. Inlined (see the settings invariant, 10_guard.sql): it
+-- runs inside its caller's expression at no call's cost. date_part, not
 -- extract: it is float8 arithmetic, where extract computes in numeric.
 CREATE OR REPLACE FUNCTION harel_clock_skewed(p_now DOUBLE PRECISION)
 RETURNS BOOLEAN
@@ -54,5 +56,3 @@ AS $$ SELECT abs(p_now - date_part('epoch', clock_timestamp())) >
                  WHEN 'off' THEN 'Infinity'::float8
                  ELSE extract(epoch FROM current_setting('pgtransport.max_clock_skew', true)::interval)::float8
              END $$;
-
-

@@ -1,4 +1,4 @@
--- Publish.
+-- 20_publish.sql: publish (harel_publish, harel_publish_many).
 
 -- harel_publish is the design's publish in one round-trip: append p_event
 -- to p_group, then ready the group (a new group row gets p_priority; an
@@ -63,5 +63,3 @@ BEGIN
     ON CONFLICT (group_id) DO NOTHING;
 END
 $$;
-
-

@@ -1,4 +1,5 @@
--- Claim.
+-- 30_claim.sql: the claim (harel_claim, harel_claim_many and what they
+-- share: the floors, the hand-out count, dead-lettering a spent head).
 --
 -- Delivery attempts (version 10). A claim's one write of the group row
 -- also records the message it hands out (delivered_seq) and how many times
@@ -220,7 +221,7 @@ DECLARE
     v_hatt    INT;
     v_hkey    DOUBLE PRECISION;  -- ... and its key
 BEGIN
-    -- The entry checks (see "Entry checks" above).
+    -- The entry checks (15_checks.sql).
     IF p_token IS NULL OR p_token = '' THEN
         RAISE EXCEPTION 'harel_claim: p_token is NULL or empty' USING ERRCODE = 'PT002';
     END IF;
@@ -244,7 +245,7 @@ BEGIN
     END IF;
     LOOP
         -- FOR NO KEY UPDATE: the key never changes, and no stronger lock is
-        -- needed (the lost-publish guard above does not use row locks).
+        -- needed (the lost-publish guard, 10_guard.sql, takes no row lock).
         -- A failed head whose backoff has ended first (see "Claim" above),
         -- then the round-robin.
         v_group := NULL;
@@ -446,7 +447,7 @@ BEGIN
     IF p_limit IS NULL OR p_limit <= 0 THEN
         RETURN;
     END IF;
-    -- The entry checks (see "Entry checks" above).
+    -- The entry checks (15_checks.sql).
     IF p_token IS NULL OR p_token = '' THEN
         RAISE EXCEPTION 'harel_claim_many: p_token is NULL or empty' USING ERRCODE = 'PT002';
     END IF;
@@ -651,5 +652,3 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ SELECT c.group_id, c.seq, c.event FROM harel_claim_leases(p_now, p_lease, p_token, p_min_priority, p_limit) AS c $$;
-
-

@@ -1,4 +1,5 @@
--- Ack: an ack writes its group row once.
+-- 40_ack.sql: the ack (harel_ack, the batch round-trip harel_exchange,
+-- harel_ack_claim, harel_ack_many). An ack writes its group row once.
 --
 -- Every rewrite of a group row is a new row version plus an entry in each
 -- of its two indexes (lock_expiry is indexed, so none is HOT). So an ack
@@ -129,7 +130,7 @@ DECLARE
     v_seqs    BIGINT[];
     v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
 BEGIN
-    -- The entry checks (see "Entry checks" above): a token and a lease end
+    -- The entry checks (15_checks.sql): a token and a lease end
     -- only where they are used, by a claim or a kept lease.
     IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
         RAISE EXCEPTION 'harel_exchange: p_token is NULL or empty' USING ERRCODE = 'PT002';
@@ -361,5 +362,3 @@ BEGIN
          ORDER BY e.n;
 END
 $$;
-
-

@@ -1,5 +1,6 @@
--- Fail, release, and what happens to a message that keeps failing
--- (version 10).
+-- 50_fail.sql: fail, release, and what happens to a message that keeps
+-- failing (version 10): the retry, a stopped group's restart, and the dead
+-- letters.
 
 -- harel_fail settles a lease whose handling failed, fenced like harel_ack
 -- (p_token holds p_group and p_seq is the message it was handed). NULL,
@@ -232,7 +233,7 @@ DECLARE
     v_part   INT;
     v_sel    BIGINT[];
 BEGIN
-    -- In a grown cluster ("Growing"), a group whose home is another
+    -- In a grown cluster (90_growing.sql), a group whose home is another
     -- partition and that has only its dead letters here is redriven here
     -- (it drains in place): decided while they still keep it here
     -- (harel_stays, which also takes the guard), its row is written
@@ -309,5 +310,3 @@ BEGIN
     RETURN v_n;
 END
 $$;
-
-

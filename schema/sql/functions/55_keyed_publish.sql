@@ -1,4 +1,4 @@
--- Idempotent publish (version 10).
+-- 55_keyed_publish.sql: idempotent publish (version 10).
 
 -- harel_publish_keyed is harel_publish_many with an optional dedup key per
 -- message: where p_keys[i] is not NULL and (p_groups[i], p_keys[i]) was
@@ -101,5 +101,3 @@ BEGIN
     RETURN QUERY SELECT u.s FROM unnest(v_out) WITH ORDINALITY AS u(s, i) ORDER BY u.i;
 END
 $$;
-
-

@@ -1,4 +1,4 @@
--- Nack and extend.
+-- 60_nack_extend.sql: nack and extend.
 
 -- harel_nack gives a lease back: p_delay > 0 parks the group until
 -- p_now + p_delay, keeping the token; p_delay = 0 frees the group at once,
@@ -116,5 +116,3 @@ BEGIN
          ORDER BY u.i;
 END
 $$;
-
-

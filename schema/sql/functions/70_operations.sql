@@ -1,7 +1,8 @@
--- Operations (version 11): what an operator sees and steers. Reads take no
--- lock and change nothing; pause, resume and purge lock the group row
--- (FOR NO KEY UPDATE, as a claim does), so each waits for a claim or
--- settle in flight on that group and is seen whole by the next.
+-- 70_operations.sql: operations (version 11), what an operator sees and
+-- steers. Reads take no lock and change nothing; pause, resume and purge
+-- lock the group row (FOR NO KEY UPDATE, as a claim does), so each waits
+-- for a claim or settle in flight on that group and is seen whole by the
+-- next.
 --
 -- A group's state, by the server's clock (harel_group_state), in this
 -- order: 'paused' (harel_pause_group; a holder may still be finishing),
@@ -329,7 +330,7 @@ BEGIN
         RETURN false;
     END IF;
     -- Back at its place, or at the floor if claims walked past it while
-    -- it was paused (see "The floor" above): first among the live rows.
+    -- it was paused (see "The floor" in 30_claim.sql): first among the live rows.
     UPDATE transport_groups AS g
        SET paused = false,
            lock_expiry = CASE WHEN g.locked_by IS NULL AND g.lock_expiry > 0
@@ -685,5 +686,3 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-
-

@@ -1,4 +1,4 @@
--- Exactly-once: per-group state (version 12).
+-- 75_state.sql: exactly-once, the per-group state (version 12).
 --
 -- A consumer whose effects are rows in this same database applies them
 -- exactly once by committing them with the ack, in one transaction of its
@@ -137,5 +137,3 @@ AS $$
         (SELECT k.state FROM transport_kept_states AS k
           WHERE k.group_id = p_group AND k.keep_until > date_part('epoch', clock_timestamp())))
 $$;
-
-

@@ -1,4 +1,4 @@
--- Wake idle consumers with LISTEN/NOTIFY, and only them.
+-- 80_wakeups.sql: wake idle consumers with LISTEN/NOTIFY, and only them.
 --
 -- A transaction that runs NOTIFY takes a database-wide lock at commit, so
 -- notifying commits queue behind each other and lose group commit. So a
@@ -118,4 +118,3 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ DELETE FROM transport_waiters WHERE waiter = p_waiter $$;
-

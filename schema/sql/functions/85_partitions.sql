@@ -1,5 +1,5 @@
--- Partitions (version 13, issue 18). A queue may be spread over N
--- databases (N a power of two, at most 1,024), each holding this whole
+-- 85_partitions.sql: partitions (version 13). A queue may be spread over
+-- N databases (N a power of two, at most 1,024), each holding this whole
 -- schema, behind a proxy database whose functions (schema/sql/proxy.sql)
 -- are PL/Proxy functions of the same names: a group lives in one
 -- partition, hashtext(group_id) & (N - 1), so its order, its one holder
@@ -321,4 +321,3 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ SELECT * FROM harel_groups(p_now, p_state, p_order, p_offset, p_limit) $$;
-

@@ -1,5 +1,5 @@
--- Growing (version 14, issue 18). A cluster of N partitions grows to 2N:
--- partition i keeps its groups whose hashtext & (2N - 1) is i, and new
+-- 90_growing.sql: growing (version 14). A cluster of N partitions grows
+-- to 2N: partition i keeps its groups whose hashtext & (2N - 1) is i, and new
 -- partition i + N is the home of those whose is i + N. Nothing is copied
 -- between databases. A moving group stays where it is while it has
 -- anything there (harel_holds: its row, so its messages and any lease; a
@@ -506,4 +506,3 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ SELECT harel_purge_group(p_group, p_now, p_limit) $$;
-

@@ -1,3 +1,6 @@
+-- 99_grants.sql: what roles granted before an upgrade need after it. Last,
+-- so that it covers every function the files before it define.
+--
 -- The inlined helpers run with the caller's privileges (every function here
 -- is SECURITY INVOKER), so a worker role needs EXECUTE on them as on the
 -- protocol's functions. PostgreSQL grants that to PUBLIC when a function is

@@ -1,0 +1,5 @@
+-- 015_functions_by_section.sql: the functions, in one file (functions.sql)
+-- since version 8, are now one file per section (functions/NN_<section>.sql,
+-- applied in name order). This step is what makes a database at version 14
+-- take them. tables.sql shows what the numbered steps add up to. No table
+-- changes.
