@@ -1,5 +1,7 @@
 -- 015_functions_by_section.sql: the functions, in one file (functions.sql)
 -- since version 8, are now one file per section (functions/NN_<section>.sql,
--- applied in name order). This step is what makes a database at version 14
--- take them. tables.sql shows what the numbered steps add up to. No table
--- changes.
+-- applied in name order), and each refusal that several functions shared
+-- is worded once, in a helper of 15_checks.sql (harel_refuse_skew,
+-- harel_refuse_lease, ...): same messages, codes and hints. This step is
+-- what makes a database at version 14 take them. tables.sql shows what
+-- the numbered steps add up to. No table changes.

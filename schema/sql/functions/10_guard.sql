@@ -76,7 +76,8 @@
 -- with 11, the per-group state and its ack (75_state.sql) with 12, the
 -- partitions' calls (85_partitions.sql) with 13, growing a cluster
 -- (90_growing.sql) with 14, and with 15 the one file split into these, by
--- section.
+-- section, and each refusal that several functions share worded once
+-- (15_checks.sql).
 
 -- The lost-publish guard. A publish that lands in a group while an ack
 -- drains it must not end with its message and no group row: the ack cannot

@@ -45,7 +45,7 @@ SET jit = off
 AS $$
 BEGIN
     IF cardinality(p_events) <> cardinality(p_groups) OR cardinality(p_priorities) <> cardinality(p_groups) THEN
-        RAISE EXCEPTION 'harel_publish_many: arrays of different lengths' USING ERRCODE = '22023';
+        PERFORM harel_refuse_lengths('harel_publish_many');
     END IF;
     RETURN QUERY
         WITH ins AS (

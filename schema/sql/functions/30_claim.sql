@@ -223,14 +223,13 @@ DECLARE
 BEGIN
     -- The entry checks (15_checks.sql).
     IF p_token IS NULL OR p_token = '' THEN
-        RAISE EXCEPTION 'harel_claim: p_token is NULL or empty' USING ERRCODE = 'PT002';
+        PERFORM harel_refuse_token('harel_claim');
     END IF;
     IF p_lease IS NULL OR p_lease <= p_now THEN
-        RAISE EXCEPTION 'harel_claim: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+        PERFORM harel_refuse_lease('harel_claim', p_lease, p_now);
     END IF;
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_claim: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_claim', p_now);
     END IF;
     -- Where the walks start (see "The floor" above): the never-served,
     -- free and held rows' floors, or all 0 when a walk from the front is due.
@@ -449,14 +448,13 @@ BEGIN
     END IF;
     -- The entry checks (15_checks.sql).
     IF p_token IS NULL OR p_token = '' THEN
-        RAISE EXCEPTION 'harel_claim_many: p_token is NULL or empty' USING ERRCODE = 'PT002';
+        PERFORM harel_refuse_token('harel_claim_many');
     END IF;
     IF p_lease IS NULL OR p_lease <= p_now THEN
-        RAISE EXCEPTION 'harel_claim_many: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+        PERFORM harel_refuse_lease('harel_claim_many', p_lease, p_now);
     END IF;
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_claim_many: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_claim_many', p_now);
     END IF;
     -- Where the walks start (see "The floor" above): the never-served,
     -- free and held rows' floors, or all 0 when a walk from the front is due.

@@ -47,8 +47,7 @@ SET jit = off
 AS $$
 BEGIN
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_ack: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_ack', p_now);
     END IF;
     -- Drained after this ack, as far as committed data shows, and no
     -- publisher mid-transaction on the group (it holds the group's lock,
@@ -133,20 +132,19 @@ BEGIN
     -- The entry checks (15_checks.sql): a token and a lease end
     -- only where they are used, by a claim or a kept lease.
     IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
-        RAISE EXCEPTION 'harel_exchange: p_token is NULL or empty' USING ERRCODE = 'PT002';
+        PERFORM harel_refuse_token('harel_exchange');
     END IF;
     IF (p_limit > 0 OR true = ANY (p_keep)) AND (p_lease IS NULL OR p_lease <= p_now) THEN
-        RAISE EXCEPTION 'harel_exchange: the lease end p_lease (%) is not after p_now (%)', p_lease, p_now USING ERRCODE = 'PT003';
+        PERFORM harel_refuse_lease('harel_exchange', p_lease, p_now);
     END IF;
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_exchange: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_exchange', p_now);
     END IF;
     IF cardinality(p_groups) > 0 THEN
         IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
            OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups)
            OR cardinality(p_keep) IS DISTINCT FROM cardinality(p_groups) THEN
-            RAISE EXCEPTION 'harel_exchange: arrays of different lengths' USING ERRCODE = '22023';
+            PERFORM harel_refuse_lengths('harel_exchange');
         END IF;
 
         -- Each lease's next message, before any lock (see "Ack" above).

@@ -51,8 +51,7 @@ BEGIN
         RAISE EXCEPTION 'harel_fail: p_now is NULL' USING ERRCODE = 'PT003';
     END IF;
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_fail: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_fail', p_now);
     END IF;
     -- The fence, and the lock that keeps it ours until commit.
     SELECT g.attempts INTO v_att

@@ -33,7 +33,7 @@ BEGIN
     IF cardinality(p_events) IS DISTINCT FROM cardinality(p_groups)
        OR cardinality(p_priorities) IS DISTINCT FROM cardinality(p_groups)
        OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_groups) THEN
-        RAISE EXCEPTION 'harel_publish_keyed: arrays of different lengths' USING ERRCODE = '22023';
+        PERFORM harel_refuse_lengths('harel_publish_keyed');
     END IF;
     IF p_window IS NULL OR p_window < 0 THEN
         RAISE EXCEPTION 'harel_publish_keyed: p_window (%) is NULL or negative', p_window USING ERRCODE = 'PT006';

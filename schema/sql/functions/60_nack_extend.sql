@@ -25,8 +25,7 @@ BEGIN
         RAISE EXCEPTION 'harel_nack: a park (p_delay %) needs p_now', p_delay USING ERRCODE = 'PT003';
     END IF;
     IF harel_clock_skewed(p_now) THEN
-        RAISE EXCEPTION 'harel_nack: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_nack', p_now);
     END IF;
     IF p_delay > 0 THEN
         UPDATE transport_groups AS g
@@ -60,7 +59,7 @@ AS $$
 BEGIN
     IF p_lease IS NULL
        OR (p_lease < date_part('epoch', clock_timestamp()) AND harel_clock_skewed(p_lease)) THEN
-        RAISE EXCEPTION 'harel_extend: the lease end p_lease (%) is NULL or in the past', p_lease USING ERRCODE = 'PT003';
+        PERFORM harel_refuse_lease_past('harel_extend', p_lease);
     END IF;
     UPDATE transport_groups AS g
        SET lock_expiry = p_lease
@@ -93,11 +92,11 @@ AS $$
 BEGIN
     IF p_lease IS NULL
        OR (p_lease < date_part('epoch', clock_timestamp()) AND harel_clock_skewed(p_lease)) THEN
-        RAISE EXCEPTION 'harel_extend_many: the lease end p_lease (%) is NULL or in the past', p_lease USING ERRCODE = 'PT003';
+        PERFORM harel_refuse_lease_past('harel_extend_many', p_lease);
     END IF;
     IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
        OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups) THEN
-        RAISE EXCEPTION 'harel_extend_many: arrays of different lengths' USING ERRCODE = '22023';
+        PERFORM harel_refuse_lengths('harel_extend_many');
     END IF;
     RETURN QUERY
         WITH extended AS (

@@ -108,7 +108,7 @@ AS $$
 BEGIN
     RETURN QUERY SELECT * FROM harel_group_rows(COALESCE(p_now, date_part('epoch', clock_timestamp())), ARRAY[p_group]);
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'harel_group: group % has no row (never published to, or drained)', p_group USING ERRCODE = 'PT007';
+        PERFORM harel_refuse_group('harel_group', p_group);
     END IF;
 END
 $$;
@@ -270,7 +270,7 @@ BEGIN
          LIMIT p_limit;
     IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM transport_groups AS g WHERE g.group_id = p_group)
                  AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group) THEN
-        RAISE EXCEPTION 'harel_peek: group % has no row (never published to, or drained)', p_group USING ERRCODE = 'PT007';
+        PERFORM harel_refuse_group('harel_peek', p_group);
     END IF;
 END
 $$;
@@ -293,7 +293,7 @@ DECLARE
 BEGIN
     SELECT g.paused INTO v_paused FROM transport_groups AS g WHERE g.group_id = p_group FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'harel_pause_group: group % has no row (never published to, or drained)', p_group USING ERRCODE = 'PT007';
+        PERFORM harel_refuse_group('harel_pause_group', p_group);
     END IF;
     IF v_paused THEN
         RETURN false;
@@ -324,7 +324,7 @@ BEGIN
     SELECT g.paused, g.priority INTO v_paused, v_priority
       FROM transport_groups AS g WHERE g.group_id = p_group FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'harel_resume_group: group % has no row (never published to, or drained)', p_group USING ERRCODE = 'PT007';
+        PERFORM harel_refuse_group('harel_resume_group', p_group);
     END IF;
     IF NOT v_paused THEN
         RETURN false;
@@ -389,12 +389,11 @@ BEGIN
         RAISE EXCEPTION 'harel_purge_group: limit % is not positive (NULL: all)', p_limit USING ERRCODE = '22023';
     END IF;
     IF harel_clock_skewed(v_now) THEN
-        RAISE EXCEPTION 'harel_purge_group: p_now (%) is farther from the server''s clock than pgtransport.max_clock_skew allows', p_now
-            USING ERRCODE = 'PT005', HINT = 'Pass the server''s clock, extract(epoch FROM clock_timestamp()), or fix the client''s clock.';
+        PERFORM harel_refuse_skew('harel_purge_group', p_now);
     END IF;
     PERFORM 1 FROM transport_groups AS g WHERE g.group_id = p_group FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'harel_purge_group: group % has no row (never published to, or drained)', p_group USING ERRCODE = 'PT007';
+        PERFORM harel_refuse_group('harel_purge_group', p_group);
     END IF;
     DELETE FROM transport_messages AS m
      WHERE m.group_id = p_group

@@ -1,22 +1,30 @@
 -- 99_grants.sql: what roles granted before an upgrade need after it. Last,
 -- so that it covers every function the files before it define.
 --
--- The inlined helpers run with the caller's privileges (every function here
--- is SECURITY INVOKER), so a worker role needs EXECUTE on them as on the
--- protocol's functions. PostgreSQL grants that to PUBLIC when a function is
--- created, unless default privileges revoke it; then schema.Grants, run
--- before an upgrade added a helper, would not cover it, and the worker's
--- next publish would fail. They compute a hash, a lock key and a group's
--- state from its arguments, and take the guard's advisory locks, which any
--- role may take anyway (pg_advisory_lock is PUBLIC's), so PUBLIC may
--- always execute them.
+-- The inlined helpers and the refusals (15_checks.sql) run with the
+-- caller's privileges (every function here is SECURITY INVOKER), so a
+-- worker role needs EXECUTE on them as on the protocol's functions.
+-- PostgreSQL grants that to PUBLIC when a function is created, unless
+-- default privileges revoke it; then schema.Grants, run before an upgrade
+-- added a helper, would not cover it, and the worker's next publish would
+-- fail (and a refusal would come as 42501, insufficient_privilege, instead
+-- of its own code). They compute a hash, a lock key and a group's state
+-- from its arguments, take the guard's advisory locks, which any role may
+-- take anyway (pg_advisory_lock is PUBLIC's), or raise an error, so PUBLIC
+-- may always execute them.
 GRANT EXECUTE ON FUNCTION
     harel_group_lock_key(TEXT),
     harel_guard_class(),
     harel_try_guard(TEXT),
     harel_share_guard(TEXT),
     harel_clock_skewed(DOUBLE PRECISION),
-    harel_group_state(TEXT, DOUBLE PRECISION, BOOLEAN, DOUBLE PRECISION)
+    harel_group_state(TEXT, DOUBLE PRECISION, BOOLEAN, DOUBLE PRECISION),
+    harel_refuse_token(TEXT),
+    harel_refuse_lease(TEXT, DOUBLE PRECISION, DOUBLE PRECISION),
+    harel_refuse_lease_past(TEXT, DOUBLE PRECISION),
+    harel_refuse_skew(TEXT, DOUBLE PRECISION),
+    harel_refuse_group(TEXT, TEXT),
+    harel_refuse_lengths(TEXT)
     TO PUBLIC;
 
 -- Roles granted access before an upgrade keep working after it. A role
