@@ -2,11 +2,13 @@ package schema_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
@@ -14,20 +16,22 @@ import (
 )
 
 // inlined are the helpers the planner inlines into their callers'
-// statements (see functions.sql's header): LANGUAGE sql, one expression, no
-// setting. A function belongs here only if TestGuardInlined shows it
-// inlined; every other function pins the four settings.
+// statements (see the head of functions/10_guard.sql): LANGUAGE sql, one
+// expression, no setting. A function belongs here only if TestGuardInlined
+// shows it inlined; every other function pins the four settings.
 var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed", "harel_group_state"}
 
 // lockOnly are the trigger functions that pin search_path alone (see
-// harel_hold_group in functions.sql): they run once per row, read no table
-// and evaluate one plain expression, so the planner settings could change
-// nothing there and would cost their setting and resetting on every row.
+// harel_hold_group in functions/10_guard.sql): they run once per row, read
+// no table and evaluate one plain expression, so the planner settings could
+// change nothing there and would cost their setting and resetting on every
+// row.
 var lockOnly = []string{"harel_hold_group", "harel_home"}
 
-// TestPinnedSettings checks functions.sql's invariant from the catalog:
-// every function but the inlined helpers and lockOnly pins search_path (the
-// schema, then pg_temp), plan_cache_mode, enable_seqscan and jit, so a new
+// TestPinnedSettings checks the functions' invariant (the head of
+// functions/10_guard.sql) from the catalog: every function but the inlined
+// helpers and lockOnly pins search_path (the schema, then pg_temp),
+// plan_cache_mode, enable_seqscan and jit, so a new
 // function that forgets one fails here; the helpers pin none and are
 // LANGUAGE sql, or the planner would not inline them; lockOnly pin
 // search_path and name no queue table.
@@ -73,7 +77,7 @@ func TestPinnedSettings(t *testing.T) {
 		}
 		pinned++
 		if !slices.Equal(slices.Sorted(slices.Values(f.Config)), slices.Sorted(slices.Values(want))) {
-			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in functions.sql)", f.Name, f.Config, want)
+			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in schema/sql/functions/)", f.Name, f.Config, want)
 		}
 	}
 	is.Equal(helpers, len(inlined)) // every helper named above exists
@@ -150,5 +154,68 @@ func TestGuardInlined(t *testing.T) {
 		if slices.Contains(called, f) {
 			t.Errorf("%s ran as a call of its own, not inlined (calls tracked: %s)", f, strings.Join(called, ", "))
 		}
+	}
+}
+
+// TestRefusalsWordedAsShipped: the refusals that several functions share
+// are raised by one helper each (harel_refuse_*, functions/15_checks.sql),
+// which the caller names. Each call that reaches one is refused as the
+// inline RAISE of version 14 refused it: the same SQLSTATE, message, detail
+// and hint, so a helper given the wrong function's name, or a rewording,
+// fails here.
+func TestRefusalsWordedAsShipped(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	old, cur := pgtest.New(t, 2), pgtest.New(t, 2)
+	load(t, old, shipped(t, 14)) // the last version that raised them inline
+	is.NoErr(schema.Apply(ctx(t), cur.Pool, cur.Schema))
+	var now float64
+	is.NoErr(cur.Pool.QueryRow(ctx(t), `SELECT extract(epoch FROM clock_timestamp())::float8`).Scan(&now))
+	fast := now + 3600
+	for _, tc := range []struct {
+		name, sql string
+		args      []any
+	}{
+		{"ClaimToken", `SELECT * FROM harel_claim($1::float8, $1::float8 + 60, NULL, 0)`, []any{now}},
+		{"ClaimLease", `SELECT * FROM harel_claim($1::float8, NULL, 'w', 0)`, []any{now}},
+		{"ClaimSkew", `SELECT * FROM harel_claim($1::float8, $1::float8 + 60, 'w', 0)`, []any{fast}},
+		{"ClaimManyToken", `SELECT * FROM harel_claim_many($1::float8, $1::float8 + 60, '', 0, 5)`, []any{now}},
+		{"ClaimManyLease", `SELECT * FROM harel_claim_many($1::float8, $1::float8 - 1, 'w', 0, 5)`, []any{now}},
+		{"ClaimManySkew", `SELECT * FROM harel_claim_many($1::float8, $1::float8 + 60, 'w', 0, 5)`, []any{fast}},
+		{"ExchangeToken", `SELECT * FROM harel_exchange($1::float8, $1::float8 + 60, '', 0, 5, '{}', '{}', '{}', '{}')`, []any{now}},
+		{"ExchangeLease", `SELECT * FROM harel_exchange($1::float8, $1::float8, 'w', 0, 5, '{}', '{}', '{}', '{}')`, []any{now}},
+		{"ExchangeSkew", `SELECT * FROM harel_exchange($1::float8, $1::float8 + 60, 'w', 0, 5, '{}', '{}', '{}', '{}')`, []any{fast}},
+		{"ExchangeLengths", `SELECT * FROM harel_exchange($1::float8, $1::float8 + 60, 'w', 0, 0, '{a}', '{}', '{}', '{}')`, []any{now}},
+		{"AckSkew", `SELECT harel_ack('a', 1, 'w', $1::float8)`, []any{fast}},
+		{"FailSkew", `SELECT harel_fail('a', 1, 'w', $1::float8, 'e')`, []any{fast}},
+		{"NackSkew", `SELECT harel_nack('a', 'w', $1::float8, 0)`, []any{fast}},
+		{"ExtendLease", `SELECT harel_extend('a', 'w', NULL)`, nil},
+		{"ExtendManyLease", `SELECT * FROM harel_extend_many('{a}', '{1}', '{w}', $1::float8 - 60)`, []any{now}},
+		{"ExtendManyLengths", `SELECT * FROM harel_extend_many('{a}', '{}', '{w}', $1::float8 + 60)`, []any{now}},
+		{"PublishManyLengths", `SELECT harel_publish_many('{a}', '{}', '{}')`, nil},
+		{"PublishKeyedLengths", `SELECT * FROM harel_publish_keyed('{a}', '{}', '{0}', '{k}', 60)`, nil},
+		{"GroupUnknown", `SELECT * FROM harel_group($1::float8, 'nope')`, []any{now}},
+		{"PeekUnknown", `SELECT * FROM harel_peek('nope', NULL, 10)`, nil},
+		{"PauseUnknown", `SELECT harel_pause_group('nope')`, nil},
+		{"ResumeUnknown", `SELECT harel_resume_group('nope')`, nil},
+		{"PurgeSkew", `SELECT harel_purge_group('nope', $1::float8, NULL)`, []any{fast}},
+		{"PurgeUnknown", `SELECT harel_purge_group('nope', $1::float8, NULL)`, []any{now}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refusal := func(db *pgtest.DB) *pgconn.PgError {
+				t.Helper()
+				_, err := db.Pool.Exec(ctx(t), tc.sql, tc.args...)
+				pgErr, ok := errors.AsType[*pgconn.PgError](err)
+				if !ok {
+					t.Fatalf("%s: got %v, want a refusal", tc.sql, err)
+				}
+				return pgErr
+			}
+			want, got := refusal(old), refusal(cur)
+			if got.Code != want.Code || got.Message != want.Message || got.Detail != want.Detail || got.Hint != want.Hint {
+				t.Errorf("refused as\n  %s: %s (detail %q, hint %q)\nwant, as version 14:\n  %s: %s (detail %q, hint %q)",
+					got.Code, got.Message, got.Detail, got.Hint, want.Code, want.Message, want.Detail, want.Hint)
+			}
+		})
 	}
 }

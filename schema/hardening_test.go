@@ -113,8 +113,9 @@ func TestGroupIDRule(t *testing.T) {
 	is.NoErr(db.Pool.QueryRow(ctx(t), `SELECT harel_publish('g', 'x', 0)`).Scan(&seq))     // and one byte
 }
 
-// TestUpgradeKeepsBadGroupIDs is issue 12's reproduction on a database of
-// version 8, which had no group-id rule: the upgrade to the rule neither
+// TestUpgradeKeepsBadGroupIDs reproduces, on a database of version 8,
+// which had no group-id rule, the rows a plain-SQL publish could leave
+// there (009_hardening.sql says how): the upgrade to the rule neither
 // fails nor strands the rows already there; they are delivered in order
 // and settled as any other, and only new messages for such a group are
 // refused.
@@ -125,7 +126,7 @@ func TestUpgradeKeepsBadGroupIDs(t *testing.T) {
 	load(t, db, shipped(t, 8))
 	long := strings.Repeat("L", 2000)
 	for _, q := range []string{
-		`INSERT INTO transport_messages (group_id, event) VALUES ('', 'x')`, // the issue's two statements
+		`INSERT INTO transport_messages (group_id, event) VALUES ('', 'x')`, // the design's two-INSERT publish
 		`INSERT INTO transport_groups (group_id) VALUES ('')`,
 		`INSERT INTO transport_messages (group_id, event) VALUES ('', 'y')`,
 		`INSERT INTO transport_messages (group_id, event) VALUES ('` + long + `', 'z')`,
@@ -174,7 +175,7 @@ func TestUpgradeKeepsBadGroupIDs(t *testing.T) {
 
 // TestFunctionsRefuseMisuse calls each function with each argument that
 // would break a guarantee: each is refused with its SQLSTATE (class PT,
-// see "Entry checks" in functions.sql) and changes nothing. Until version
+// see functions/15_checks.sql) and changes nothing. Until version
 // 9 every one of them was accepted.
 func TestFunctionsRefuseMisuse(t *testing.T) {
 	t.Parallel()

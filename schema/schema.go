@@ -4,22 +4,27 @@
 // The SQL lives in two kinds of embedded files. The numbered files
 // (sql/NNN_*.sql) are forward-only, idempotent upgrade steps and hold only
 // what must run once in a database's life: tables, columns, indexes,
-// storage settings. sql/functions.sql holds the live definition of every
-// function and trigger, each once, with its settings inline: a reader finds
-// the code that runs in one place instead of piecing a function together
-// from the steps that redefined it. The functions are named harel_*, the
-// protocol's name from the design; clients in other languages call them.
+// storage settings; sql/tables.sql shows what they add up to, every table
+// as it is now (documentation, not applied; TestTablesMatchTheSteps checks
+// it against the catalog the steps build). The files of sql/functions/,
+// one per section (NN_<section>.sql: 10_guard.sql, 20_publish.sql,
+// 30_claim.sql, ...), hold the live definition of every function and
+// trigger, each once, with its settings inline: a reader finds the code
+// that runs in one place instead of piecing a function together from the
+// steps that redefined it. The functions are named harel_*, the protocol's
+// name from the design; clients in other languages call them.
 //
-// Apply runs the steps a database lacks and then all of functions.sql, in
-// one transaction under a transaction-scoped advisory lock, whenever the
-// recorded version is below Version, so any number of workers may apply at
-// once; it records each version in transport_schema_version. A change to
-// functions.sql therefore ships with a new numbered step (a comment-only
-// one will do). The script of every shipped version is kept in
-// testdata/schema/vN.sql: the tests check that the current one is SQL()
-// byte for byte and that a database upgraded from each earlier one ends
-// with exactly the catalog of a fresh install. SQL returns the whole script
-// for teams that run their own migration tool.
+// Apply runs the steps a database lacks and then every functions file, in
+// name order, in one transaction under a transaction-scoped advisory lock,
+// whenever the recorded version is below Version, so any number of
+// workers may apply at once; it records each version in
+// transport_schema_version. A change to a functions file therefore ships
+// with a new numbered step (a comment-only one will do). The script of
+// every shipped version is kept in testdata/schema/vN.sql: the tests check
+// that the current one is SQL() byte for byte and that a database upgraded
+// from each earlier one ends with exactly the catalog of a fresh install.
+// SQL returns the whole script for teams that run their own migration
+// tool.
 package schema
 
 import (
@@ -43,11 +48,47 @@ import (
 	"github.com/pgtransport/pgtransport"
 )
 
-//go:embed sql/*.sql
+// tables.sql is left out: it is documentation, read by a test only.
+//
+//go:embed sql/[0-9]*.sql sql/functions/*.sql sql/proxy.sql
 var files embed.FS
 
-// functions is sql/functions.sql, applied whole after the numbered steps.
-var functions = mustRead("sql/functions.sql")
+// functionFile is one file of sql/functions/.
+type functionFile struct {
+	name string // e.g. "30_claim.sql"
+	sql  string
+}
+
+// functionFiles are the files of sql/functions/ in name order, the order
+// Apply runs them in, after the numbered steps; functions is their text,
+// one after the other, each followed by a blank line.
+var functionFiles, functions = loadFunctions()
+
+func loadFunctions() ([]functionFile, string) {
+	names, err := fs.Glob(files, "sql/functions/*.sql")
+	if err != nil {
+		panic(err)
+	}
+	var ffs []functionFile
+	var b strings.Builder
+	for _, name := range names {
+		base := path.Base(name)
+		num, _, ok := strings.Cut(base, "_")
+		if _, err := strconv.Atoi(num); !ok || err != nil || len(num) != 2 {
+			panic("schema: a functions file's name must start with two digits and an underscore: " + base)
+		}
+		if len(ffs) > 0 && strings.HasPrefix(ffs[len(ffs)-1].name, num+"_") {
+			panic("schema: two functions files share the number " + num)
+		}
+		ff := functionFile{name: base, sql: mustRead(name) + "\n"}
+		ffs = append(ffs, ff)
+		b.WriteString(ff.sql)
+	}
+	if len(ffs) == 0 {
+		panic("schema: no functions files")
+	}
+	return ffs, b.String()
+}
 
 // proxy is sql/proxy.sql, a proxy database's functions (ApplyProxy).
 var proxy = mustRead("sql/proxy.sql")
@@ -99,8 +140,9 @@ func load() []Migration {
 // transaction, as Apply does (or load SQL, which has both).
 func Migrations() []Migration { return slices.Clone(migrations) }
 
-// Functions returns sql/functions.sql: the definition of every function and
-// trigger, idempotent, to run after the numbered steps whenever any ran.
+// Functions returns the files of sql/functions/, one after the other in
+// name order: the definition of every function and trigger, idempotent, to
+// run after the numbered steps whenever any ran.
 func Functions() string { return functions }
 
 // Version is the schema version this library applies.
@@ -178,7 +220,7 @@ func Apply(ctx context.Context, db Beginner, name string) error {
 			return fmt.Errorf("schema: read version: %w", err)
 		}
 		// Up to date (or applied by a newer library): run nothing, not even
-		// functions.sql, so an idle Apply rewrites no catalog row.
+		// the functions, so an idle Apply rewrites no catalog row.
 		if current >= Version() {
 			return nil
 		}
@@ -190,8 +232,10 @@ func Apply(ctx context.Context, db Beginner, name string) error {
 				return fmt.Errorf("schema: record %s: %w", m.Name, err)
 			}
 		}
-		if _, err := tx.Exec(ctx, functions); err != nil {
-			return fmt.Errorf("schema: functions.sql: %w", err)
+		for _, f := range functionFiles {
+			if _, err := tx.Exec(ctx, f.sql); err != nil {
+				return fmt.Errorf("schema: functions/%s: %w", f.name, err)
+			}
 		}
 		return nil
 	})
@@ -484,8 +528,8 @@ func scriptStart(b *strings.Builder, what, target string) {
 // SQL returns the complete script, loadable with psql into an empty database
 // or over any earlier version: it creates everything in the current schema
 // (the first existing one on search_path), in one transaction: every
-// numbered step (each is idempotent), then functions.sql, and records the
-// versions.
+// numbered step (each is idempotent), then the functions files in name
+// order (Functions), and records the versions.
 func SQL() string {
 	var b strings.Builder
 	scriptStart(&b, "schema", "make schema")
@@ -493,7 +537,7 @@ func SQL() string {
 	for _, m := range migrations {
 		fmt.Fprintf(&b, "\n-- %s\n%s", m.Name, m.SQL)
 	}
-	fmt.Fprintf(&b, "\n-- functions.sql\n%s", functions)
+	fmt.Fprintf(&b, "\n-- functions/*.sql, in name order\n%s", functions)
 	b.WriteString("\nINSERT INTO transport_schema_version (version) VALUES ")
 	for i, m := range migrations {
 		if i > 0 {

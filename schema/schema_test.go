@@ -301,8 +301,8 @@ func TestClaimWalksIndex(t *testing.T) {
 	if len(walked) == 0 {
 		t.Fatalf("no plan for the group pick among %d notices:\n%s", len(*plans), strings.Join(*plans, "\n---\n"))
 	}
-	// Each of the claim's walks (see "The floor" in functions.sql) is an
-	// index's: ended leases, never-served and free rows, failed heads.
+	// Each of the claim's walks (see "The floor" in functions/30_claim.sql)
+	// is an index's: ended leases, never-served and free rows, failed heads.
 	is.Equal(walked, map[string]bool{"transport_groups_free": true, "transport_groups_held": true, "transport_groups_retry": true})
 }
 

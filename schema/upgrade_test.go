@@ -35,9 +35,10 @@ func load(t *testing.T, db *pgtest.DB, script string) {
 	}
 }
 
-// TestScriptIsShipped pins the script of the current version: functions.sql
-// has no version of its own, so a change to it (or to a numbered file) that
-// comes without a new version would reach no database already at this one.
+// TestScriptIsShipped pins the script of the current version: the
+// functions files have no version of their own, so a change to one (or to
+// a numbered file) that comes without a new version would reach no
+// database already at this one.
 func TestScriptIsShipped(t *testing.T) {
 	n := schema.Version()
 	want, err := os.ReadFile(fmt.Sprintf("../testdata/schema/v%d.sql", n))
@@ -48,7 +49,7 @@ func TestScriptIsShipped(t *testing.T) {
 		t.Fatalf("schema.SQL() differs from testdata/schema/v%d.sql, the script of shipped version %d (first difference: %s).\n"+
 			"A shipped version's script never changes: databases already at version %d would never run the change. "+
 			"Keep v%d.sql as it is; add a new numbered step (schema/sql/%03d_<what>.sql; a comment-only one will do when only "+
-			"functions.sql changed), then record the new version's script: make schema > testdata/schema/v%d.sql",
+			"a functions file changed), then record the new version's script: make schema > testdata/schema/v%d.sql",
 			n, n, firstDiff(string(want), got), n, n, n+1, n+1)
 	}
 }
@@ -143,7 +144,7 @@ SELECT 'sequence ' || c.relname,
   FROM pg_sequence AS s JOIN pg_class AS c ON c.oid = s.seqrelid
  WHERE c.relnamespace = $1::regnamespace
 UNION ALL
-SELECT 'versions', string_agg(v.version::text, ',' ORDER BY v.version)
+SELECT 'versions', COALESCE(string_agg(v.version::text, ',' ORDER BY v.version), '(none)')
   FROM transport_schema_version AS v`
 
 // readCatalog reads db's schema as catalogQuery lists it, keyed by object.

@@ -1,11 +1,11 @@
 -- 001_init.sql: the design's tables.
 --
 -- The numbered files hold only what runs once in a database's life (tables,
--- columns, indexes, storage settings), in version order; every function and
--- trigger is defined once, as it runs today, in functions.sql, which is
--- applied after them. Runs with search_path set to the target schema
--- followed by pg_temp. Idempotent: safe to run again on a database that has
--- it.
+-- columns, indexes, storage settings), in version order, and tables.sql
+-- shows what they add up to; every function and trigger is defined once,
+-- as it runs today, in the files of functions/, which are applied after
+-- them. Runs with search_path set to the target schema followed by
+-- pg_temp. Idempotent: safe to run again on a database that has it.
 
 CREATE TABLE IF NOT EXISTS transport_messages (
     seq      BIGSERIAL PRIMARY KEY,  -- FIFO order and the lease handle

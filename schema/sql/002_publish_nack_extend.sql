@@ -1,3 +1,4 @@
 -- 002_publish_nack_extend.sql: harel_publish, harel_nack and harel_extend,
--- one round-trip each. They live in functions.sql; this version adds no
--- table, so nothing is left to run here.
+-- one round-trip each. They live in functions/ (20_publish.sql,
+-- 60_nack_extend.sql); this version adds no table, so nothing is left to
+-- run here.

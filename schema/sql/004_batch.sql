@@ -1,4 +1,4 @@
 -- 004_batch.sql: many messages per round-trip (harel_claim_many,
 -- harel_ack_many, harel_exchange, harel_publish_many). They live in
--- functions.sql; this version adds no table, so nothing is left to run
--- here.
+-- functions/ (30_claim.sql, 40_ack.sql, 20_publish.sql); this version adds
+-- no table, so nothing is left to run here.

@@ -1,3 +1,3 @@
 -- 006_one_write_ack.sql: an ack writes its group row once (harel_ack and
--- harel_exchange rewritten; see functions.sql). No table changed, so
--- nothing is left to run here.
+-- harel_exchange rewritten; see functions/40_ack.sql). No table changed,
+-- so nothing is left to run here.

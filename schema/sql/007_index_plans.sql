@@ -1,4 +1,4 @@
 -- 007_index_plans.sql: the queue functions plan with index scans, whatever
 -- the statistics say (enable_seqscan = off, jit = off). Those settings are
--- now part of each function's definition in functions.sql, so nothing is
+-- now part of each function's definition in functions/, so nothing is
 -- left to run here.

@@ -1,6 +1,7 @@
 -- 008_functions_in_one_place.sql: every function and trigger is defined
--- once, in functions.sql, re-applied whole at every version change; this
--- step is what makes a database at version 7 take it. What it changes
+-- once, in functions.sql (since version 15 the files of functions/),
+-- re-applied whole at every version change; this step is what makes a
+-- database at version 7 take it. What it changes
 -- there: the lost-publish guard's lock key is spelled once (inlined
 -- helpers, same key values, so a drainer of version 7 and a publisher of
 -- version 8 still meet on one lock), and harel_wake (the wake-up trigger),

@@ -1,5 +1,5 @@
 -- 009_hardening.sql: one group-id rule for every client, enforced by the
--- schema, and functions that refuse misuse (issue 12).
+-- schema, and functions that refuse misuse.
 --
 -- The group-id rule: 1 to 1,024 bytes (pgtransport.MaxGroupBytes), the rule
 -- the Go client has always applied before sending. Until version 8 only Go
@@ -39,8 +39,8 @@
 -- nothing for new rows).
 --
 -- The functions' refusals (SQLSTATE class PT) and the clock-skew bound
--- (the setting pgtransport.max_clock_skew) are in functions.sql; this step
--- is also what makes a database at version 8 take them.
+-- (the setting pgtransport.max_clock_skew) are in functions/15_checks.sql;
+-- this step is also what makes a database at version 8 take them.
 DO $pgtransport$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_constraint

@@ -1,7 +1,8 @@
--- 010_poison.sql: a poison message never blocks its group (issue 13):
--- delivery attempts counted by the server, retry backoff, dead letters,
--- redrive, when a message was published, and idempotent publish. The
--- functions that use these are in functions.sql. Every column added here
+-- 010_poison.sql: a poison message never blocks its group: delivery
+-- attempts counted by the server, retry backoff, dead letters, redrive,
+-- when a message was published, and idempotent publish. The functions that
+-- use these are in functions/ (30_claim.sql, 50_fail.sql,
+-- 55_keyed_publish.sql). Every column added here
 -- has a default or is nullable, so the design's two-INSERT publish and
 -- its harel_claim/harel_ack calls keep working unchanged; nothing here
 -- rewrites a table or scans it.

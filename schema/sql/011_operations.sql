@@ -1,6 +1,6 @@
--- 011_operations.sql: what an operator sees and steers (issue 15): the
--- queue's stats, its groups and their heads, and pausing, resuming and
--- purging a group. The functions are in functions.sql ("Operations").
+-- 011_operations.sql: what an operator sees and steers: the queue's stats,
+-- its groups and their heads, and pausing, resuming and purging a group.
+-- The functions are in functions/70_operations.sql.
 -- Both columns are added without a table rewrite (a constant default, or
 -- none), so the design's two-INSERT publish and its harel_claim/harel_ack
 -- calls keep working unchanged.

@@ -1,17 +1,16 @@
 -- 012_state_and_floors.sql: two changes in one version.
 --
--- Exactly-once effects (issue 19): a small state
--- value per group, written atomically with an ack inside the caller's
--- transaction (harel_ack_state), and kept for a while after its group
--- drains. The functions are in functions.sql ("Exactly-once: per-group
--- state"). Nothing here rewrites or scans a table: a nullable column with
--- no default, a new table, and a column with a constant default. The
--- design's two-INSERT publish and its harel_claim/harel_ack calls keep
--- working unchanged.
+-- Exactly-once effects: a small state value per group, written atomically
+-- with an ack inside the caller's transaction (harel_ack_state), and kept
+-- for a while after its group drains. The functions are in
+-- functions/75_state.sql. Nothing here rewrites or scans a table: a
+-- nullable column with no default, a new table, and a column with a
+-- constant default. The design's two-INSERT publish and its
+-- harel_claim/harel_ack calls keep working unchanged.
 --
--- The claim beside a long transaction (issue 17): the round-robin split by
--- holder, the never-served groups' arrival order, and the claim's floors
--- (below; functions.sql, "The floor").
+-- The claim beside a long transaction: the round-robin split by holder,
+-- the never-served groups' arrival order, and the claim's floors (below;
+-- functions/30_claim.sql, "The floor").
 
 -- A group's state: NULL means none. Not indexed (read and written by
 -- primary key only), so claims and acks pay nothing for it; a row that
@@ -38,10 +37,10 @@ CREATE INDEX IF NOT EXISTS transport_kept_states_expiry
 ALTER TABLE transport_policy ADD COLUMN IF NOT EXISTS state_retention DOUBLE PRECISION NOT NULL DEFAULT 0
     CHECK (state_retention >= 0 AND state_retention <= 31536000);
 
--- The round-robin, split by holder, and the claim's floors (issue 17: a
--- long transaction holding back vacuum; see "The floor" in
--- functions.sql). The one round-robin index over every group row put a
--- leased row's entry at its lease's end; once the lease was acked and its
+-- The round-robin, split by holder, and the claim's floors (a long
+-- transaction holding back vacuum; see "The floor" in
+-- functions/30_claim.sql). The one round-robin index over every group row
+-- put a leased row's entry at its lease's end; once the lease was acked and its
 -- end passed, that dead entry sat among the free rows a claim walks, and
 -- while an old snapshot kept vacuum from removing entries, every claim
 -- walked all of them. Free rows (no holder) and held rows (a lease or a

@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS transport_proxy (
 -- others, "The calls that name one group or one message"). The calls
 -- that name no group are plpgsql here, and reach the partitions through
 -- harel_px_ functions (the partitions' harel_px_ functions, in
--- functions.sql, "Partitions"):
+-- functions/85_partitions.sql):
 --   claims (harel_claim, harel_claim_one, harel_claim_many,
 --     harel_claim_leases) ask the partitions in turn from a random one
 --     until one leases, so a claim comes back empty only when no partition
@@ -429,7 +429,7 @@ SET search_path FROM CURRENT
 AS $$ SELECT generate_series(0, harel_px_parts() - 1) $$;
 
 -- Growing (version 14): from N partitions to 2N, each partition i split
--- with new partition i + N (functions.sql, "Growing", says how a moving
+-- with new partition i + N (functions/90_growing.sql says how a moving
 -- group drains in place and how the partitions fence it). In one
 -- transaction on this database:
 --   BEGIN;

@@ -1,0 +1,15 @@
+-- 015_functions_by_section.sql: no table changes. Two things take effect
+-- at this version:
+-- * the functions, in one file (functions.sql) since version 8, are now
+--   one file per section (functions/NN_<section>.sql, applied in name
+--   order), and each refusal that several functions shared is worded
+--   once, in a helper of 15_checks.sql (harel_refuse_skew,
+--   harel_refuse_lease, ...): same messages, codes and hints. tables.sql
+--   shows what the numbered steps add up to.
+-- * on a proxy (proxy.sql, which a proxy takes only at a version change),
+--   transport_messages and transport_groups become views that take the
+--   design's two-INSERT publish and refuse (PT009) every other statement,
+--   which the tables there answered as if the queue were empty or the
+--   lease lost (docs/protocol.md, "Partitions"). Upgrade each partition
+--   (Apply) before its proxy (ApplyProxy), as at every version: the proxy
+--   checks that the partitions are at its version.

@@ -1,8 +1,0 @@
--- 015_proxy_views.sql: nothing changes in a queue's schema. This step
--- exists for proxies (proxy.sql), which take a new proxy.sql only at a
--- version change: on a proxy, transport_messages and transport_groups
--- become views that take the design's two-INSERT publish and refuse
--- (PT009) every other statement, which the tables there answered as if
--- the queue were empty or the lease lost (docs/protocol.md, "Partitions").
--- Upgrade each partition (Apply) before its proxy (ApplyProxy), as at
--- every version: the proxy checks that the partitions are at its version.

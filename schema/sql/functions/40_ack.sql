@@ -1,0 +1,362 @@
+-- 40_ack.sql: the ack (harel_ack, the batch round-trip harel_exchange,
+-- harel_ack_claim, harel_ack_many). An ack writes its group row once.
+--
+-- Every rewrite of a group row is a new row version plus an entry in each
+-- of its two indexes (lock_expiry is indexed, so none is HOT). So an ack
+-- first looks at the group's next message, before any lock: if the ack's
+-- token still holds the group, nothing but this ack can remove that message
+-- (only a holder deletes messages), so what it sees is the head after the
+-- ack. Then the fence is the one write: where the group looks drained, a
+-- DELETE that checks the token and, after the guard's try-lock, that no
+-- other message is there; otherwise an UPDATE that checks the token and
+-- frees the row (or extends it, when kept). A message published meanwhile
+-- is seen by the DELETE's re-check: the row is then freed instead. (Until
+-- version 6, harel_ack locked the group row, a lock record in the WAL, then
+-- rewrote or deleted it; harel_ack_many extended every held row as if kept,
+-- then rewrote or deleted those it did not keep.)
+
+-- harel_ack settles a lease: false, changing nothing, unless p_token still
+-- holds p_group and message p_seq is still there. Otherwise it deletes
+-- message p_seq and frees the group with
+-- lock_expiry = p_now (so it queues behind groups served less recently), or
+-- deletes the group row when it has no message left. The design's
+-- signature and results, but for one case: an ack whose message is already
+-- gone (a kept lease's earlier message, acked again: a kept lease reuses
+-- its token) changes nothing and reports the lease lost; the design's
+-- freed the group from under the holder of the next message.
+--
+-- Since version 10 the fence also checks that p_seq is the message the
+-- lease was handed (the group row's delivered_seq; NULL for a lease
+-- taken before the upgrade, which is not checked): an ack under a valid
+-- token of any other message of the group is refused with SQLSTATE PT001
+-- and changes nothing. (Two publishes that overlap can make a claim hand
+-- out a higher seq while a lower one is uncommitted; that ack names the
+-- seq it was handed, so it passes.) The batch calls answer such an entry
+-- held = false instead. No token matches a stopped group (locked_by '').
+CREATE OR REPLACE FUNCTION harel_ack(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    IF harel_clock_skewed(p_now) THEN
+        PERFORM harel_refuse_skew('harel_ack', p_now);
+    END IF;
+    -- Drained after this ack, as far as committed data shows, and no
+    -- publisher mid-transaction on the group (it holds the group's lock,
+    -- shared; see harel_hold_group)? Then the fence deletes the row: the
+    -- DELETE runs after the try-lock, so it sees every message committed
+    -- before it.
+    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
+       AND harel_try_guard(p_group) THEN
+        DELETE FROM transport_groups AS g
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '' AND NOT g.paused
+           AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+           AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
+    END IF;
+    IF NOT FOUND THEN
+        -- The fence, the lock that keeps it ours until commit, and the
+        -- free. The message must still be there: a token kept across a
+        -- group's messages (harel_ack_many's keep) also holds for an
+        -- earlier message already acked, whose ack again would free the
+        -- group from under the holder of the next.
+        UPDATE transport_groups AS g
+           SET locked_by = NULL, lock_expiry = p_now
+         WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+           AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+           AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM transport_groups AS g
+                        WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+                          AND g.delivered_seq <> p_seq
+                          AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)) THEN
+                RAISE EXCEPTION 'harel_ack: message % is not the one the lease on group % was handed', p_seq, p_group
+                    USING ERRCODE = 'PT001';
+            END IF;
+            RETURN false;
+        END IF;
+    END IF;
+    DELETE FROM transport_messages AS m
+     WHERE m.seq = p_seq AND m.group_id = p_group;
+    RETURN true;
+END
+$$;
+
+-- harel_exchange_leases is a worker's whole round-trip: settle a batch of
+-- leases as harel_ack_many describes, then lease up to p_limit more groups
+-- minus those kept (harel_claim_leases), in one transaction. Rows: kind 'a'
+-- per settled lease, in input order (held, and the next head if kept, with
+-- attempt 1 and its age), then kind 'c' per new lease (with its attempt and
+-- age). The settling lives here, and harel_ack_many calls this, so that a
+-- stream's round-trip runs one function less. harel_exchange is this
+-- without the last two columns.
+CREATE OR REPLACE FUNCTION harel_exchange_leases(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT,
+    p_limit        INT,
+    p_groups       TEXT[],
+    p_seqs         BIGINT[],
+    p_tokens       TEXT[],
+    p_keep         BOOLEAN[])
+RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_first   BOOLEAN[]; -- per input: the first naming of its group
+    v_next    BIGINT[];  -- per input: the group's next message, if any
+    v_events  TEXT[];
+    v_pubs    TIMESTAMPTZ[];
+    v_drained BOOLEAN;   -- some group looks drained
+    v_locked  BOOLEAN[]; -- per input: it looks drained and is try-locked
+    v_at      BIGINT[];  -- input places of the held leases
+    v_kept    BOOLEAN[]; -- and whether each was kept
+    v_groups  TEXT[];    -- and their groups and acked messages
+    v_seqs    BIGINT[];
+    v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
+BEGIN
+    -- The entry checks (15_checks.sql): a token and a lease end
+    -- only where they are used, by a claim or a kept lease.
+    IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
+        PERFORM harel_refuse_token('harel_exchange');
+    END IF;
+    IF (p_limit > 0 OR true = ANY (p_keep)) AND (p_lease IS NULL OR p_lease <= p_now) THEN
+        PERFORM harel_refuse_lease('harel_exchange', p_lease, p_now);
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        PERFORM harel_refuse_skew('harel_exchange', p_now);
+    END IF;
+    IF cardinality(p_groups) > 0 THEN
+        IF cardinality(p_seqs) IS DISTINCT FROM cardinality(p_groups)
+           OR cardinality(p_tokens) IS DISTINCT FROM cardinality(p_groups)
+           OR cardinality(p_keep) IS DISTINCT FROM cardinality(p_groups) THEN
+            PERFORM harel_refuse_lengths('harel_exchange');
+        END IF;
+
+        -- Each lease's next message, before any lock (see "Ack" above).
+        SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
+               array_agg(x.published_at ORDER BY x.i),
+               count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
+          INTO v_first, v_next, v_events, v_pubs, v_drained
+          FROM (SELECT u.i, h.seq, h.event, h.published_at,
+                       row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
+                  FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
+                  LEFT JOIN LATERAL (
+                        SELECT m.seq, m.event, m.published_at
+                          FROM transport_messages AS m
+                         WHERE m.group_id = u.gid AND m.seq <> u.s
+                         ORDER BY m.seq
+                         LIMIT 1) AS h ON true) AS x;
+
+        -- Those that look drained: the guard's try-lock, then, in a statement
+        -- after it, the fence that deletes the row if still no other message.
+        -- Every statement here reaches the rows it changes by primary key, one
+        -- input at a time: no search of an array per row, so a batch of
+        -- thousands stays linear.
+        IF v_drained THEN
+            SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
+              FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
+                                THEN harel_try_guard(u.gid)
+                                ELSE false END AS locked
+                      FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
+            WITH gone AS (
+                DELETE FROM transport_groups AS g
+                 USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
+                 WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> '' AND NOT g.paused
+                   AND (g.delivered_seq IS NULL OR g.delivered_seq = a.s)
+                   AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)
+                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
+                RETURNING a.i, g.group_id, a.s
+            )
+            SELECT array_agg(x.i), array_agg(false), array_agg(x.group_id), array_agg(x.s)
+              INTO v_at, v_kept, v_groups, v_seqs
+              FROM gone AS x;
+        END IF;
+
+        -- The rest: the fence that frees the row, or extends it where kept. A
+        -- group that looked drained but was not deleted is freed. A lease
+        -- to be freed must still have its message, as in harel_ack; one to
+        -- be kept need not: that is a retry of an ack that kept the group
+        -- and whose answer was lost (the group then already names the next
+        -- message as handed out), and it gets the same next message. A
+        -- kept lease is handed its next message: delivered_seq moves on
+        -- and the attempt is its first.
+        WITH fenced AS (
+            UPDATE transport_groups AS g
+               SET locked_by     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.locked_by END,
+                   lock_expiry   = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_lease ELSE p_now END,
+                   delivered_seq = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
+                   attempts      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN 1 ELSE g.attempts END,
+                   leased_at     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_now ELSE g.leased_at END
+              FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
+             WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
+               AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)
+                     AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid))
+                    OR (a.keep AND a.nxt IS NOT NULL AND (g.delivered_seq IS NULL OR g.delivered_seq = a.nxt)
+                        AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)))
+            RETURNING a.i, a.keep AND a.nxt IS NOT NULL AND NOT g.paused AS kept, g.group_id, a.s
+        )
+        SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
+               COALESCE(v_groups, '{}') || array_agg(f.group_id), COALESCE(v_seqs, '{}') || array_agg(f.s),
+               count(*) FILTER (WHERE f.kept)
+          INTO v_at, v_kept, v_groups, v_seqs, v_nkept
+          FROM fenced AS f;
+
+        -- The held leases' messages, by primary key, each with its own group.
+        DELETE FROM transport_messages AS m
+         WHERE m.seq = ANY (v_seqs)
+           AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_groups));
+
+        RETURN QUERY
+            SELECT 'a'::"char", a.gid, h.i IS NOT NULL,
+                   CASE WHEN h.kept THEN a.nxt END, CASE WHEN h.kept THEN a.event END,
+                   CASE WHEN h.kept THEN 1 END, CASE WHEN h.kept THEN date_part('epoch', clock_timestamp() - a.pub) END
+              FROM unnest(p_groups, v_next, v_events, v_pubs) WITH ORDINALITY AS a(gid, nxt, event, pub, i)
+              LEFT JOIN unnest(v_at, v_kept) AS h(i, kept) ON h.i = a.i
+             ORDER BY a.i;
+    END IF;
+    IF p_limit - v_nkept > 0 THEN
+        RETURN QUERY
+            SELECT 'c'::"char", c.group_id, true, c.seq, c.event, c.attempt, c.age
+              FROM harel_claim_leases(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept) AS c;
+    END IF;
+END
+$$;
+
+-- harel_exchange is harel_exchange_leases without the attempt and age
+-- columns (its result since version 4).
+CREATE OR REPLACE FUNCTION harel_exchange(
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_token        TEXT,
+    p_min_priority INT,
+    p_limit        INT,
+    p_groups       TEXT[],
+    p_seqs         BIGINT[],
+    p_tokens       TEXT[],
+    p_keep         BOOLEAN[])
+RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT)
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT e.kind, e.group_id, e.held, e.seq, e.event
+      FROM harel_exchange_leases(p_now, p_lease, p_token, p_min_priority, p_limit,
+                                 p_groups, p_seqs, p_tokens, p_keep) WITH ORDINALITY AS e(kind, group_id, held, seq, event, attempt, age, n)
+     ORDER BY e.n
+$$;
+
+-- harel_ack_claim is a blocking worker's step between two messages, in
+-- one transaction (version 10): settle the lease p_token holds on p_group
+-- (message p_seq) and take the worker's next one. With p_keep and another
+-- message in the group, the lease keeps the group for that message (as
+-- harel_ack_many's keep: same token, lock_expiry = p_lease): kept, and
+-- that message with attempt 1 and its age. Otherwise harel_ack settles it
+-- (held as harel_ack answers; PT001 as harel_ack refuses) and
+-- harel_claim_one leases the group served longest ago to p_new_token:
+-- its head in group_id..age, or NULLs when nothing is claimable. One row.
+-- Cheaper for one lease than harel_exchange, which is built for batches.
+CREATE OR REPLACE FUNCTION harel_ack_claim(
+    p_group        TEXT,
+    p_seq          BIGINT,
+    p_token        TEXT,
+    p_keep         BOOLEAN,
+    p_now          DOUBLE PRECISION,
+    p_lease        DOUBLE PRECISION,
+    p_new_token    TEXT,
+    p_min_priority INT)
+RETURNS TABLE (held BOOLEAN, kept BOOLEAN, group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_seq   BIGINT;
+    v_event TEXT;
+    v_pub   TIMESTAMPTZ;
+BEGIN
+    kept := false;
+    IF p_keep THEN
+        -- The keep, for one lease, as harel_exchange_leases keeps (see
+        -- "Ack" above): the next message, read before any lock, then the
+        -- fence that keeps the row in its one write.
+        SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
+          FROM transport_messages AS m
+         WHERE m.group_id = p_group AND m.seq <> p_seq
+         ORDER BY m.seq
+         LIMIT 1;
+        IF v_seq IS NOT NULL THEN
+            UPDATE transport_groups AS g
+               SET lock_expiry = p_lease, delivered_seq = v_seq, attempts = 1, leased_at = p_now
+             WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '' AND NOT g.paused
+               AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
+               AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
+            IF FOUND THEN
+                DELETE FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group;
+                held := true; kept := true;
+                group_id := p_group; seq := v_seq; event := v_event; attempt := 1;
+                age := date_part('epoch', clock_timestamp() - v_pub);
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            -- Not held, or not this seq: harel_ack answers it (false, or PT001).
+        END IF;
+    END IF;
+    held := harel_ack(p_group, p_seq, p_token, p_now);
+    SELECT c.group_id, c.seq, c.event, c.attempt, c.age INTO group_id, seq, event, attempt, age
+      FROM harel_claim_one(p_now, p_lease, p_new_token, p_min_priority) AS c;
+    RETURN NEXT;
+END
+$$;
+
+-- harel_ack_many settles many leases in one round-trip, each fenced on its
+-- own token: held is false (and nothing changed for it) where p_tokens[i]
+-- no longer holds p_groups[i], and for every repeat of a group already
+-- named earlier in the batch. A held lease's message is deleted. Then,
+-- where p_keep[i] and the group has another message, the lease is kept
+-- (same token, lock_expiry = p_lease) and that next head is returned in
+-- next_seq/next_event; otherwise the group is freed with lock_expiry =
+-- p_now, or its row deleted when drained (with harel_ack's guard). One row
+-- per input, in input order. It is harel_exchange without the claim.
+CREATE OR REPLACE FUNCTION harel_ack_many(
+    p_groups TEXT[],
+    p_seqs   BIGINT[],
+    p_tokens TEXT[],
+    p_keep   BOOLEAN[],
+    p_now    DOUBLE PRECISION,
+    p_lease  DOUBLE PRECISION)
+RETURNS TABLE (group_id TEXT, held BOOLEAN, next_seq BIGINT, next_event TEXT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        SELECT e.group_id, e.held, e.seq, e.event
+          FROM harel_exchange_leases(p_now, p_lease, NULL, 0, 0, p_groups, p_seqs, p_tokens, p_keep)
+               WITH ORDINALITY AS e(kind, group_id, held, seq, event, attempt, age, n)
+         ORDER BY e.n;
+END
+$$;

@@ -1,0 +1,311 @@
+-- 50_fail.sql: fail, release, and what happens to a message that keeps
+-- failing (version 10): the retry, a stopped group's restart, and the dead
+-- letters.
+
+-- harel_fail settles a lease whose handling failed, fenced like harel_ack
+-- (p_token holds p_group and p_seq is the message it was handed). NULL,
+-- changing nothing, if not. Otherwise, by the queue's policy
+-- (transport_policy) and the attempt the lease was (the group row's
+-- attempts):
+--   'retry': attempts left. p_error (cut to 2,048 characters) is recorded
+--     on the message (last_error) and the group is parked for
+--     backoff_min * 2^(attempt-1) seconds, at most backoff_max, with
+--     equal jitter (between half that and all of it, never below
+--     backoff_min): always between backoff_min and backoff_max. The lease is over:
+--     the park is held by no token (locked_by ''), so a late ack, nack
+--     or extend under p_token changes nothing (a nack with a delay, by
+--     contrast, parks under its own token).
+--   'dead': max_attempts used. The message moves to
+--     transport_dead_letters with p_error, and the group goes on: freed
+--     with lock_expiry = p_now, or its row deleted when drained (with
+--     harel_ack's guard), as an ack would leave it.
+--   'stopped': max_attempts used and the policy is 'stop': p_error is
+--     recorded, the message stays at the head, and the group is stopped
+--     until harel_restart_group.
+-- A NULL p_now is refused (PT003: the park's end), as is one far from the
+-- server's clock (PT005).
+CREATE OR REPLACE FUNCTION harel_fail(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION,
+    p_error TEXT)
+RETURNS TEXT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_error TEXT := left(p_error, 2048);
+    v_att   INT;
+    v_max   INT;
+    v_stop  BOOLEAN;
+    v_min   DOUBLE PRECISION;
+    v_cap   DOUBLE PRECISION;
+    v_delay DOUBLE PRECISION;
+    v_gone  BOOLEAN := false;
+BEGIN
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION 'harel_fail: p_now is NULL' USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        PERFORM harel_refuse_skew('harel_fail', p_now);
+    END IF;
+    -- The fence, and the lock that keeps it ours until commit.
+    SELECT g.attempts INTO v_att
+      FROM transport_groups AS g
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+       AND (g.delivered_seq = p_seq
+            OR (g.delivered_seq IS NULL  -- a lease from before version 10: its head only
+                AND p_seq = (SELECT m.seq FROM transport_messages AS m
+                              WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1)))
+       AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_att := GREATEST(v_att, 1);  -- a lease taken before version 10 counted nothing
+    SELECT p.max_attempts, p.on_exhausted = 'stop', p.backoff_min, p.backoff_max
+      INTO v_max, v_stop, v_min, v_cap
+      FROM transport_policy AS p WHERE p.id;
+    IF NOT FOUND THEN
+        -- The policy row was deleted: retry for ever, with the table's
+        -- default backoff, rather than park for no known time.
+        v_max := 0; v_stop := false; v_min := 1; v_cap := 60;
+    END IF;
+
+    IF v_max > 0 AND v_att >= v_max AND NOT v_stop THEN
+        PERFORM harel_bury(ARRAY[p_group], ARRAY[p_seq], v_error);
+        IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
+           AND harel_try_guard(p_group) THEN
+            DELETE FROM transport_groups AS g
+             WHERE g.group_id = p_group AND NOT g.paused
+               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group);
+            v_gone := FOUND;
+        END IF;
+        IF NOT v_gone THEN
+            UPDATE transport_groups AS g
+               SET locked_by = NULL, lock_expiry = p_now
+             WHERE g.group_id = p_group;
+        END IF;
+        RETURN 'dead';
+    END IF;
+
+    -- The message keeps the cause (a message with a group id from before
+    -- version 9's rule cannot be rewritten, so it does not).
+    UPDATE transport_messages AS m
+       SET last_error = v_error
+     WHERE m.seq = p_seq AND m.group_id = p_group
+       AND octet_length(m.group_id) BETWEEN 1 AND 1024;
+    IF v_max > 0 AND v_att >= v_max THEN
+        UPDATE transport_groups AS g
+           SET locked_by = '', lock_expiry = 'Infinity'
+         WHERE g.group_id = p_group;
+        RETURN 'stopped';
+    END IF;
+    v_delay := LEAST(v_cap, v_min * power(2::float8, LEAST(v_att - 1, 60)));
+    v_delay := GREATEST(v_min, v_delay / 2 + random() * v_delay / 2);
+    UPDATE transport_groups AS g
+       SET locked_by = '', lock_expiry = p_now + v_delay
+     WHERE g.group_id = p_group;
+    RETURN 'retry';
+END
+$$;
+
+-- harel_release gives back a lease that was never used (a consumer that
+-- claimed more than it could start, or is shutting down): the group is
+-- freed first in line, its head unchanged, as harel_nack with no delay
+-- does, and the hand-out is not counted as an attempt. False, changing
+-- nothing, if p_token no longer holds p_group.
+CREATE OR REPLACE FUNCTION harel_release(
+    p_group TEXT,
+    p_token TEXT)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    UPDATE transport_groups AS g
+       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = GREATEST(g.attempts - 1, 0)
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
+    RETURN FOUND;
+END
+$$;
+
+-- harel_restart_group puts a stopped group back in the round-robin, first
+-- in line, with a fresh set of attempts for its head; with p_skip_head,
+-- the message that stopped it (its head, unless a redrive put older ones
+-- before it) is dead-lettered first (the group goes on with the next
+-- message; an empty group row is deleted by the next claim that reaches
+-- it). False, changing nothing, if p_group is not stopped.
+CREATE OR REPLACE FUNCTION harel_restart_group(
+    p_group     TEXT,
+    p_skip_head BOOLEAN)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM 1 FROM transport_groups AS g
+     WHERE g.group_id = p_group AND g.locked_by = '' AND g.lock_expiry = 'Infinity'
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_skip_head THEN
+        -- The message that used its attempts (delivered_seq), or, if it
+        -- is gone, the head.
+        PERFORM harel_bury(ARRAY[p_group],
+                           ARRAY[COALESCE(
+                               (SELECT m.seq FROM transport_messages AS m, transport_groups AS g
+                                 WHERE g.group_id = p_group AND m.seq = g.delivered_seq AND m.group_id = p_group),
+                               (SELECT m.seq FROM transport_messages AS m
+                                 WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1))],
+                           NULL);
+    END IF;
+    UPDATE transport_groups AS g
+       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = 0
+     WHERE g.group_id = p_group;
+    RETURN true;
+END
+$$;
+
+
+-- Dead letters.
+
+-- harel_dead_letters lists dead letters in seq order: those of p_group
+-- (NULL: every group) with seq > p_after (NULL: from the first), at most
+-- p_limit.
+CREATE OR REPLACE FUNCTION harel_dead_letters(
+    p_group TEXT,
+    p_after BIGINT,
+    p_limit INT)
+RETURNS TABLE (seq BIGINT, group_id TEXT, event TEXT, priority INT, attempts INT,
+               last_error TEXT, published_at TIMESTAMPTZ, died_at TIMESTAMPTZ)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT d.seq, d.group_id, d.event, d.priority, d.attempts, d.last_error, d.published_at, d.died_at
+      FROM transport_dead_letters AS d
+     WHERE (p_group IS NULL OR d.group_id = p_group)
+       AND d.seq > COALESCE(p_after, 0)
+     ORDER BY d.seq
+     LIMIT p_limit
+$$;
+
+-- harel_redrive puts dead letters back (those of p_group, NULL: every
+-- group; those in p_seqs, NULL: all of them) and returns how many. Each
+-- goes back under its own seq, so at the head of its group in its original
+-- order (its seq is older than anything published since), with a fresh set
+-- of attempts; a drained group gets its row back, with the message's
+-- priority. The messages are inserted before the group rows are, through
+-- the lost-publish guard's trigger, as a publish is: safe against a
+-- concurrent drain.
+CREATE OR REPLACE FUNCTION harel_redrive(
+    p_group TEXT,
+    p_seqs  BIGINT[])
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_seqs   BIGINT[];
+    v_groups TEXT[];
+    v_events TEXT[];
+    v_prios  INT[];
+    v_pubs   TIMESTAMPTZ[];
+    v_parts  INT;
+    v_part   INT;
+    v_sel    BIGINT[];
+BEGIN
+    -- In a grown cluster (90_growing.sql), a group whose home is another
+    -- partition and that has only its dead letters here is redriven here
+    -- (it drains in place): decided while they still keep it here
+    -- (harel_stays, which also takes the guard), its row is written
+    -- before they go, so the messages' fence finds it.
+    SELECT m.parts, m.part INTO v_parts, v_part FROM harel_armed() AS m;
+    IF v_parts IS NOT NULL THEN
+        -- The dead letters redriven, locked once: what is decided on them
+        -- is what is deleted below.
+        v_sel := ARRAY(SELECT d.seq FROM transport_dead_letters AS d
+                        WHERE (p_group IS NULL OR d.group_id = p_group) AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
+                        ORDER BY d.seq FOR UPDATE);
+        INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+        SELECT DISTINCT ON (d.group_id) d.group_id, NULL, NULL, d.priority
+          FROM transport_dead_letters AS d
+         WHERE d.seq = ANY (v_sel) AND hashtext(d.group_id) & (v_parts - 1) <> v_part
+           AND d.group_id IN (SELECT x.g FROM (SELECT DISTINCT e.group_id AS g FROM transport_dead_letters AS e
+                                                WHERE e.seq = ANY (v_sel) ORDER BY 1) AS x
+                               WHERE harel_stays(x.g, v_parts, v_part))
+         ORDER BY d.group_id, d.seq
+        ON CONFLICT (group_id) DO NOTHING;
+    END IF;
+    WITH moved AS (
+        DELETE FROM transport_dead_letters AS d
+         WHERE (v_parts IS NULL OR d.seq = ANY (v_sel))
+           AND (p_group IS NULL OR d.group_id = p_group)
+           AND (p_seqs IS NULL OR d.seq = ANY (p_seqs))
+        RETURNING d.seq, d.group_id, d.event, d.priority, d.published_at
+    )
+    SELECT array_agg(x.seq ORDER BY x.seq), array_agg(x.group_id ORDER BY x.seq), array_agg(x.event ORDER BY x.seq),
+           array_agg(x.priority ORDER BY x.seq), array_agg(x.published_at ORDER BY x.seq)
+      INTO v_seqs, v_groups, v_events, v_prios, v_pubs
+      FROM moved AS x;
+    IF v_seqs IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO transport_messages (seq, group_id, event, published_at)
+    SELECT u.s, u.g, u.e, u.p
+      FROM unnest(v_seqs, v_groups, v_events, v_pubs) WITH ORDINALITY AS u(s, g, e, p, i)
+     ORDER BY u.i;
+    INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+    SELECT DISTINCT ON (u.g) u.g, NULL, NULL, u.p
+      FROM unnest(v_groups, v_prios, v_seqs) AS u(g, p, s)
+     ORDER BY u.g, u.s
+    ON CONFLICT (group_id) DO NOTHING;
+    -- A group that still names a redriven message as handed out (it died
+    -- by harel_fail and nothing was handed out since) starts it afresh.
+    UPDATE transport_groups AS g
+       SET attempts = 0
+      FROM unnest(v_groups, v_seqs) AS u(g, s)
+     WHERE g.group_id = u.g AND g.delivered_seq = u.s;
+    RETURN cardinality(v_seqs);
+END
+$$;
+
+-- harel_purge_dead_letters deletes dead letters (the same filter as
+-- harel_redrive) and returns how many.
+CREATE OR REPLACE FUNCTION harel_purge_dead_letters(
+    p_group TEXT,
+    p_seqs  BIGINT[])
+RETURNS BIGINT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_n BIGINT;
+BEGIN
+    DELETE FROM transport_dead_letters AS d
+     WHERE (p_group IS NULL OR d.group_id = p_group)
+       AND (p_seqs IS NULL OR d.seq = ANY (p_seqs));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;

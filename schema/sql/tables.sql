@@ -1,0 +1,184 @@
+-- tables.sql: the current shape of every table, index, sequence and
+-- storage setting of the queue, in one place, as the numbered steps
+-- (NNN_*.sql) leave a database at the current version.
+--
+-- Read it; do not apply it. Apply runs the numbered steps, which are what
+-- brought every existing database here one version at a time, and then
+-- the functions (functions/NN_<section>.sql), which this file leaves out
+-- with their triggers. TestTablesMatchTheSteps loads this file into an
+-- empty schema and compares its catalog (columns with their types,
+-- defaults and NOT NULL; constraints; indexes; storage options;
+-- sequences) with that of a schema brought to the current version by
+-- Apply: a step that changes a table fails it until this file shows the
+-- change. The step that last changed each part is named beside it, so a
+-- reader can find the why in full there.
+--
+-- Epoch seconds (DOUBLE PRECISION) are on the server's clock, as the
+-- functions read it; a text group id is the exclusivity group.
+
+-- The versions applied, one row each (schema.Apply writes it; it is not a
+-- numbered step).
+CREATE TABLE transport_schema_version (
+    version    INT PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- The messages, in FIFO order. Only ever inserted and deleted, never
+-- updated. (001, 005, 009, 010)
+CREATE TABLE transport_messages (
+    seq          BIGSERIAL PRIMARY KEY,  -- FIFO order and the lease handle; on a
+                                         -- partition, seq & 1023 is its number (harel_partition)
+    group_id     TEXT NOT NULL,          -- the exclusivity group
+    event        TEXT NOT NULL,          -- the payload
+    published_at TIMESTAMPTZ DEFAULT statement_timestamp(),  -- NULL: queued before version 10
+    last_error   TEXT                    -- the cause its last failed attempt gave (harel_fail)
+) WITH (
+    -- A FIFO: vacuumed at 2% dead (a deep backlog is not re-read for every
+    -- fraction of it), unthrottled, and after inserts too, so the
+    -- visibility map stays current for the head lookups. (005)
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_vacuum_insert_scale_factor = 0.05);
+-- The group-id rule, 1 to 1,024 bytes (pgtransport.MaxGroupBytes), on every
+-- message that enters. NOT VALID even in a new database: the step adds it
+-- so to an existing table without checking (or scanning) the rows already
+-- there, and rows from before version 9 may break it. (009)
+ALTER TABLE transport_messages
+    ADD CONSTRAINT transport_messages_group_id_valid
+    CHECK (octet_length(group_id) BETWEEN 1 AND 1024) NOT VALID;
+-- Head-of-group lookup. (001)
+CREATE INDEX transport_messages_group
+    ON transport_messages (group_id, seq);
+
+-- Never-served groups are claimed in the order they arrived. (012)
+CREATE SEQUENCE transport_groups_arrival AS BIGINT;
+
+-- One row per group that has messages (or is paused): who holds it, until
+-- when, and what a claim handed out. Every claim and ack rewrites a row.
+-- (001, 005, 010, 011, 012)
+CREATE TABLE transport_groups (
+    group_id      TEXT PRIMARY KEY,
+    locked_by     TEXT,              -- the lease token while leased or parked by a nack;
+                                     -- '' while failed (backoff) or stopped; NULL: free
+    lock_expiry   DOUBLE PRECISION,  -- when the lease, park or backoff ends ('Infinity': stopped);
+                                     -- a free row's place in the round-robin; NULL = never claimed
+    priority      INT NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 4),
+    delivered_seq BIGINT,            -- the message the claim handed out (010)
+    attempts      INT NOT NULL DEFAULT 0,  -- how many times it was handed out (010)
+    paused        BOOLEAN NOT NULL DEFAULT false,  -- never claimed while true (011)
+    leased_at     DOUBLE PRECISION,  -- when the holder was handed what it holds (011)
+    state         BYTEA,             -- the group's exactly-once state; NULL: none (012)
+    arrival       BIGINT DEFAULT nextval('transport_groups_arrival')  -- order among the never-served (012)
+) WITH (
+    -- Small and hot: vacuumed after a fixed number of dead rows, not a
+    -- fraction of a table that is mostly churn, and never throttled; room
+    -- in each page, so a rewritten row usually stays in its page. (005)
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_analyze_scale_factor = 0.05);
+-- Failed groups waiting out their backoff, by when it ends: served before
+-- the round-robin. (010)
+CREATE INDEX transport_groups_retry
+    ON transport_groups (lock_expiry) WHERE locked_by = '';
+-- Paused groups, for the operator's counts. (011)
+CREATE INDEX transport_groups_paused
+    ON transport_groups (group_id) WHERE paused;
+-- The round-robin, split by holder: free rows in the order a claim takes
+-- them (never served first, by arrival), and held rows by when they lapse.
+-- The held rows' predicate is locked_by > '', which the fences' locked_by
+-- <> '' does not imply, so the planner never takes it for theirs. (012)
+CREATE INDEX transport_groups_free
+    ON transport_groups ((COALESCE(lock_expiry, 0)), (COALESCE(arrival, 0)), group_id) WHERE locked_by IS NULL;
+CREATE INDEX transport_groups_held
+    ON transport_groups (lock_expiry, group_id) WHERE locked_by > '';
+
+-- Where a claim starts its walks: the never-served rows' floor (an
+-- arrival), and in epoch milliseconds the free rows' floor, the held rows'
+-- floor, and when a claim last walked them all from the front. Sequences,
+-- not a row, so reading one does not slow down while an old snapshot keeps
+-- vacuum from removing row versions. (012)
+CREATE SEQUENCE transport_claim_new AS BIGINT MINVALUE 0 START 0;
+CREATE SEQUENCE transport_claim_floor AS BIGINT MINVALUE 0 START 0;
+CREATE SEQUENCE transport_claim_held AS BIGINT MINVALUE 0 START 0;
+CREATE SEQUENCE transport_claim_sweep AS BIGINT MINVALUE 0 START 0;
+
+-- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or
+-- above min_priority, until a time they refresh while idle. (003, 005)
+CREATE TABLE transport_waiters (
+    waiter       TEXT PRIMARY KEY,
+    min_priority INT NOT NULL,
+    until        DOUBLE PRECISION NOT NULL
+) WITH (
+    -- A handful of rows rewritten on every idle spell. (005)
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 200,
+    autovacuum_vacuum_cost_delay = 0);
+
+-- Messages that used up their attempts, out of their group so that it goes
+-- on; seq is the message's own, under which a redrive puts it back. (010)
+CREATE TABLE transport_dead_letters (
+    seq          BIGINT PRIMARY KEY,
+    group_id     TEXT NOT NULL,
+    event        TEXT NOT NULL,
+    priority     INT NOT NULL,
+    attempts     INT NOT NULL,
+    last_error   TEXT,
+    published_at TIMESTAMPTZ,
+    died_at      TIMESTAMPTZ NOT NULL DEFAULT statement_timestamp()
+);
+CREATE INDEX transport_dead_letters_group
+    ON transport_dead_letters (group_id, seq);
+
+-- The queue's policy, one row (inserted by the step that creates the
+-- table), read by the functions, so every consumer in any language applies
+-- the same. (010, 012)
+CREATE TABLE transport_policy (
+    id              BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
+    max_attempts    INT NOT NULL DEFAULT 10 CHECK (max_attempts >= 0),  -- hand-outs before exhausted; 0 = never
+    on_exhausted    TEXT NOT NULL DEFAULT 'dead_letter' CHECK (on_exhausted IN ('dead_letter', 'stop')),
+    backoff_min     DOUBLE PRECISION NOT NULL DEFAULT 1 CHECK (backoff_min >= 0.001),  -- seconds
+    backoff_max     DOUBLE PRECISION NOT NULL DEFAULT 60 CHECK (backoff_max >= backoff_min AND backoff_max <= 86400),
+    state_retention DOUBLE PRECISION NOT NULL DEFAULT 0  -- seconds a drained group's state is kept
+        CHECK (state_retention >= 0 AND state_retention <= 31536000)
+);
+INSERT INTO transport_policy DEFAULT VALUES;
+
+-- Idempotent publish: a (group, key) seen within its window maps to the seq
+-- it first published; publishers with keys delete expired rows a few at a
+-- time. (010)
+CREATE TABLE transport_dedup (
+    group_id   TEXT NOT NULL,
+    dedup_key  TEXT NOT NULL CHECK (octet_length(dedup_key) BETWEEN 1 AND 256),
+    seq        BIGINT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (group_id, dedup_key)
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0);
+CREATE INDEX transport_dedup_expiry
+    ON transport_dedup (expires_at);
+
+-- The state of a drained group, kept for the policy's state_retention:
+-- written by the trigger on transport_groups' deletes, read by harel_state.
+-- (012)
+CREATE TABLE transport_kept_states (
+    group_id   TEXT PRIMARY KEY,
+    state      BYTEA NOT NULL,
+    keep_until DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX transport_kept_states_expiry
+    ON transport_kept_states (keep_until);
+
+-- A partition's number in a cluster behind a proxy (harel_partition), the
+-- partition count it was armed for (harel_grow) and, while the cluster
+-- grows, the count it grew from. No row: not a partition. (013, 014)
+CREATE TABLE transport_partition (
+    id         BOOLEAN PRIMARY KEY DEFAULT true CHECK (id),
+    part       INT NOT NULL CHECK (part BETWEEN 0 AND 1023),
+    parts      INT CHECK (parts BETWEEN 1 AND 1024 AND parts & (parts - 1) = 0 AND part < parts),
+    grown_from INT CHECK (grown_from * 2 = parts)
+);
