@@ -528,7 +528,7 @@ func mapErr(op string, err error) error {
 const groupIDConstraint = "transport_messages_group_id_valid"
 
 // refusals maps the functions' own SQLSTATEs (class PT, see "Entry
-// checks" in schema/sql/functions.sql) to sentinels. The Go calls check
+// checks" in schema/sql/functions/15_checks.sql) to sentinels. The Go calls check
 // their arguments first, so most of these reach a Go caller only through
 // a hand-made Lease or a caller's own settings. PT009 has none: it is a
 // proxy's refusal of a statement on the design's tables there

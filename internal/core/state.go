@@ -12,7 +12,7 @@ import (
 )
 
 // Exactly-once effects (schema version 12; see "Exactly-once: per-group
-// state" in schema/sql/functions.sql): the ack inside the caller's
+// state" in schema/sql/functions/75_state.sql): the ack inside the caller's
 // transaction, with or without the group's new state, and the state's read.
 //
 // These wake nobody, as PublishTx: what they free becomes claimable when

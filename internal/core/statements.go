@@ -14,7 +14,7 @@ import (
 // (as a column of the subquery that computes now, or a FROM of its own).
 const (
 	// skewOff turns the functions' clock-skew bound
-	// (pgtransport.max_clock_skew, see schema/sql/functions.sql) off for
+	// (pgtransport.max_clock_skew, see schema/sql/functions/15_checks.sql) off for
 	// the statement's transaction. Only a core with Config.Clock sends it:
 	// its now is a test's, not the server's. Evaluated before the function
 	// call (a volatile column of a subquery the call reads from). Inside a

@@ -337,7 +337,7 @@ var cases = []testCase{
 		is.Equal(e.claim("w", 0).Group, "last")
 	}},
 
-	// The claim's floors are hints (see "The floor" in functions.sql): set
+	// The claim's floors are hints (see "The floor" in schema/sql/functions/30_claim.sql): set
 	// far past every row, a claim still finds each kind of claimable row.
 	{"ClaimFindsRowsBelowItsFloors", func(is *is.I, e *env) {
 		e.publish("free", "f1", 0)
