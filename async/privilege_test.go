@@ -194,3 +194,64 @@ func TestGrantsBadInput(t *testing.T) {
 	is.NoErr(err)
 	is.True(strings.Contains(sql, `TO "w""; DROP TABLE x; --"`)) // quoted, never executed as written
 }
+
+// TestOpenNamesTheFix: what a worker role meets on open says what to do.
+// Opening without SkipApply on an up-to-date schema works (Apply reads
+// the version before it creates anything); on a schema the role would
+// have to change, the refusal says to apply it as the owner and open
+// workers with SkipApply. With SkipApply on a schema never applied, both
+// transports refuse at open alike (ErrSchemaMissing, naming the command),
+// not at their first call. A Config.Policy the role may not write says
+// to set it as the owner.
+func TestOpenNamesTheFix(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 4)
+	role := "w_" + db.Schema
+	_, err := db.Pool.Exec(ctx(t), `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
+	is.NoErr(err)
+	t.Cleanup(func() {
+		for _, q := range []string{`DROP OWNED BY `, `DROP ROLE `} {
+			if _, err := db.Pool.Exec(ctx(t), q+pgx.Identifier{role}.Sanitize()); err != nil {
+				t.Errorf("%s%s: %v", q, role, err)
+			}
+		}
+	})
+	pcfg, err := pgxpool.ParseConfig(db.DSN)
+	is.NoErr(err)
+	pcfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx(t), pcfg)
+	is.NoErr(err)
+	t.Cleanup(pool.Close)
+
+	missing := pgtransport.Config{Schema: db.Schema + "_none", SkipApply: true}
+	_, err = pgsync.New(ctx(t), pool, missing)
+	is.True(errors.Is(err, pgtransport.ErrSchemaMissing))               // sync refuses at open
+	is.True(strings.Contains(err.Error(), "pgtransport migrate apply")) // naming the command
+	_, err = async.New(ctx(t), pool, missing)
+	is.True(errors.Is(err, pgtransport.ErrSchemaMissing))               // async alike
+	is.True(strings.Contains(err.Error(), "pgtransport migrate apply")) // with the same words
+	is.True(!strings.Contains(err.Error(), "channel"))                  // not an internal step's name
+
+	_, err = pgsync.New(ctx(t), pool, pgtransport.Config{Schema: db.Schema + "_none"}) // it would create the schema
+	var pgErr *pgconn.PgError
+	is.True(errors.As(err, &pgErr) && pgErr.Code == "42501")                // the server's refusal
+	is.True(strings.Contains(err.Error(), "apply it as the queue's owner")) // what to do
+	is.True(strings.Contains(err.Error(), "open workers with Config.SkipApply"))
+
+	_, err = pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema}) // the owner applies it
+	is.NoErr(err)
+	grants, err := schema.Grants(db.Schema, role)
+	is.NoErr(err)
+	_, err = db.Pool.Exec(ctx(t), grants)
+	is.NoErr(err)
+	tr, err := pgsync.New(ctx(t), pool, pgtransport.Config{Schema: db.Schema}) // up to date: nothing to change
+	is.NoErr(err)
+	_, err = tr.Publish(ctx(t), "g", "e", 0)
+	is.NoErr(err) // and it works
+
+	_, err = pgsync.New(ctx(t), pool, pgtransport.Config{Schema: db.Schema, SkipApply: true, Policy: &pgtransport.Policy{MaxAttempts: 3}})
+	is.True(errors.As(err, &pgErr) && pgErr.Code == "42501")              // may not write the policy
+	is.True(strings.Contains(err.Error(), "set it as the queue's owner")) // what to do
+	is.True(strings.Contains(err.Error(), "leave Config.Policy nil in workers"))
+}

@@ -212,8 +212,16 @@ func Apply(ctx context.Context, db Beginner, name string) error {
 		if isProxy {
 			return fmt.Errorf("%w: %q is a proxy's schema (ApplyProxy); the queue's goes on each partition", pgtransport.ErrInvalidSchema, name)
 		}
-		if _, err := tx.Exec(ctx, versionTable); err != nil {
-			return fmt.Errorf("schema: version table: %w", err)
+		// Read the version before creating anything, so that a role that may
+		// not change the schema (a worker's) applies an up-to-date one.
+		var versioned bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('transport_schema_version') IS NOT NULL`).Scan(&versioned); err != nil {
+			return fmt.Errorf("schema: read schema: %w", err)
+		}
+		if !versioned {
+			if _, err := tx.Exec(ctx, versionTable); err != nil {
+				return fmt.Errorf("schema: version table: %w", err)
+			}
 		}
 		var current int
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM transport_schema_version`).Scan(&current); err != nil {
@@ -269,8 +277,14 @@ func inSchema(ctx context.Context, db Beginner, name string, apply func(pgx.Tx) 
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, lockClass, name); err != nil {
 			return fmt.Errorf("schema: lock: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
-			return fmt.Errorf("schema: create schema: %w", err)
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, ident).Scan(&exists); err != nil {
+			return fmt.Errorf("schema: read schema: %w", err)
+		}
+		if !exists { // created only when absent: a role that may not create one uses it as it is
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
+				return fmt.Errorf("schema: create schema: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, ident); err != nil {
 			return fmt.Errorf("schema: search_path: %w", err)

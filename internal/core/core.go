@@ -63,8 +63,10 @@ func New(ctx context.Context, db DBTX, cfg pgtransport.Config) (*Core, error) {
 	// always could; the pooler check then has no answer, and is skipped.
 	if !cfg.SkipApply {
 		if err := schema.Apply(ctx, db, cfg.Schema); err != nil {
-			return nil, mapErr("apply schema", err)
+			return nil, mapErr("apply schema", withHint(err, "42501", "this role may not change the schema: apply it as the queue's owner (pgtransport migrate apply, or schema.Apply), and open workers with Config.SkipApply"))
 		}
+	} else if err := checkApplied(ctx, db, cfg.Schema); err != nil {
+		return nil, err
 	}
 	q := newStatements(cfg.Schema, cfg.Clock != nil)
 	if cfg.Policy != nil {
@@ -571,3 +573,46 @@ func (c *Core) Parking() *Parking { return &c.parking }
 
 // DB is the database handle c runs on.
 func (c *Core) DB() DBTX { return c.db }
+
+// checkApplied refuses (ErrSchemaMissing) a schema that holds no queue, or
+// one older than this library's (schema.Version), naming the fix: what a
+// transport opened with SkipApply finds on open rather than at its first
+// call. A server that cannot be reached gives no answer, and the
+// transport opens (as it always could with SkipApply).
+func checkApplied(ctx context.Context, db DBTX, name string) error {
+	table := pgx.Identifier{"transport_schema_version"}
+	where := "the connection's current schema"
+	if name != "" {
+		table = pgx.Identifier{name, "transport_schema_version"}
+		where = fmt.Sprintf("schema %q", name)
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table.Sanitize()).Scan(&exists); err != nil {
+		if _, answered := errors.AsType[*pgconn.PgError](err); answered {
+			return mapErr("check the schema", err)
+		}
+		return nil
+	}
+	if !exists {
+		return fmt.Errorf("open: %w: no queue in %s: apply the schema first, as its owner (pgtransport migrate apply, or schema.Apply), or open without Config.SkipApply",
+			pgtransport.ErrSchemaMissing, where)
+	}
+	v, err := schema.CurrentVersion(ctx, db, name)
+	if err != nil {
+		return mapErr("check the schema", err)
+	}
+	if v < schema.Version() {
+		return fmt.Errorf("open: %w: the queue in %s is at schema version %d, this library needs %d: upgrade it first, as its owner (pgtransport migrate apply, or schema.Apply)",
+			pgtransport.ErrSchemaMissing, where, v, schema.Version())
+	}
+	return nil
+}
+
+// withHint adds hint to err when it is the server's error of SQLSTATE
+// code: what to do about it.
+func withHint(err error, code, hint string) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == code {
+		return fmt.Errorf("%w (%s)", err, hint)
+	}
+	return err
+}

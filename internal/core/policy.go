@@ -139,7 +139,7 @@ func setPolicy(ctx context.Context, db DBTX, q statements, p pgtransport.Policy)
 		return fmt.Errorf("set policy: %w: %w", pgtransport.ErrInvalidConfig, err)
 	}
 	if err != nil {
-		return mapErr("set policy", err)
+		return mapErr("set policy", withHint(err, "42501", "this role may not write the queue's policy: set it as the queue's owner (SetPolicy, or Config.Policy where the queue is owned), and leave Config.Policy nil in workers"))
 	}
 	return nil
 }
