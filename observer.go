@@ -8,9 +8,12 @@ const (
 	// OutcomeRetry: the message stays its group's head, and the group is
 	// parked for the retry backoff.
 	OutcomeRetry = "retry"
-	// OutcomeDead: the message used its attempts and was moved to the dead
-	// letters (Exhausted DeadLetterHead).
+	// OutcomeDead: the message was moved to the dead letters: it used its
+	// attempts (Exhausted DeadLetterHead), or its cause was DeadLetterNow's.
 	OutcomeDead = "dead"
+	// OutcomeSnoozed: its cause was Snooze's: the group is parked, the
+	// attempt not counted.
+	OutcomeSnoozed = "snoozed"
 	// OutcomeStopped: the message used its attempts and its group was
 	// stopped (Exhausted StopGroup).
 	OutcomeStopped = "stopped"
@@ -47,7 +50,7 @@ type Observer interface {
 	// batched ack). Leases found lost are counted in n too, and reported
 	// to LeaseLost.
 	Acked(n int, d time.Duration, err error)
-	// Failed: a Fail of l; outcome is OutcomeRetry, OutcomeDead or
+	// Failed: a Fail of l; outcome is OutcomeRetry, OutcomeDead, OutcomeSnoozed or
 	// OutcomeStopped, "" when err is not nil.
 	Failed(l *Lease, outcome string, d time.Duration, err error)
 	// LeaseLost: l no longer held its group when an ack, nack, fail,

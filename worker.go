@@ -2,6 +2,7 @@ package pgtransport
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +28,11 @@ const (
 // worker is handed while it runs. Returning nil acks the message; an error
 // fails it (Fail: the queue's retry policy, then the dead letters); a panic
 // is recovered, logged with its stack, and fails it with the panic as the
-// cause. Handlers of different groups run concurrently; a group's messages
+// cause. Two errors say more: DeadLetterNow(err) moves the message to the
+// dead letters at once, with err as its cause, whatever attempts it has
+// left (a malformed event that can never succeed); Snooze(d) ends the
+// attempt uncounted and parks the group for d (the message stays its
+// head, handed out again after d). Handlers of different groups run concurrently; a group's messages
 // are handled one at a time, in order.
 //
 // ctx is cancelled when the lease is lost (a heartbeat found another worker
@@ -59,7 +64,10 @@ type Handler func(ctx context.Context, lease *Lease) error
 // ctx is a Handler's: cancelled when the lease is lost, which also aborts
 // the statement tx is running, and at the end of a graceful shutdown's
 // ShutdownTimeout (an error then rolls back and gives the message back
-// uncounted). Use tx only within the call: do not commit or roll it back,
+// uncounted). DeadLetterNow and Snooze work as for a Handler: tx is rolled
+// back, so none of the handler's writes and no new state commit, and then
+// the message is dead-lettered or its group parked in a transaction of its
+// own. Use tx only within the call: do not commit or roll it back,
 // and do not ack, nack or fail the lease. The heartbeats keep the lease
 // while the handler runs, however long.
 type TxHandler func(ctx context.Context, tx pgx.Tx, lease *Lease, state []byte) (newState []byte, err error)
@@ -89,3 +97,38 @@ type WorkerConfig struct {
 	// hard stop pass a short one.
 	ShutdownTimeout time.Duration
 }
+
+// DeadLetterNow wraps a handler's error to say that its message can never
+// succeed: the runtime (or a Fail given it) moves the message to the dead
+// letters at once with cause's text, whatever attempts it has left and
+// whatever the queue's OnExhausted says, and the group goes on with its
+// next message. Retrying a malformed event would only hold its group for
+// the whole backoff; lowering MaxAttempts would change the whole queue.
+func DeadLetterNow(cause error) error { return &DeadLetterError{Cause: cause} }
+
+// DeadLetterError is DeadLetterNow's error; errors.As finds it.
+type DeadLetterError struct{ Cause error }
+
+func (e *DeadLetterError) Error() string {
+	if e.Cause == nil {
+		return "pgtransport: dead-letter now"
+	}
+	return "pgtransport: dead-letter now: " + e.Cause.Error()
+}
+
+func (e *DeadLetterError) Unwrap() error { return e.Cause }
+
+// Snooze is a handler's result that ends the attempt without counting it
+// and parks the message's group for d: the message stays its head and is
+// handed out again (to any worker) once d has passed, with the attempt
+// number it had; the group's other messages wait behind it, in order. d
+// of 0 frees the group at once. A negative d is refused (ErrInvalidDelay)
+// and the lease left to lapse. A Fail given Snooze(d) does the same. Use
+// it for a message that cannot be handled yet (a resource not ready, a
+// rate limit): unlike a returned error, it burns no attempt.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// SnoozeError is Snooze's error; errors.As finds it.
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("pgtransport: snooze for %v", e.Delay) }

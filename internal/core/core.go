@@ -310,11 +310,15 @@ const (
 	FailRetry   FailOutcome = "retry"   // parked for the queue's backoff; the message stays the head
 	FailDead    FailOutcome = "dead"    // moved to transport_dead_letters; the group goes on
 	FailStopped FailOutcome = "stopped" // its attempts used, the group stopped (policy StopGroup)
+	FailBuried  FailOutcome = "buried"  // dead-lettered at once, as its cause asked (pgtransport.DeadLetterNow)
+	FailSnoozed FailOutcome = pgtransport.OutcomeSnoozed // parked uncounted, as its cause asked (pgtransport.Snooze)
 )
 
 // Fail ends the lease as a failed attempt: it records cause's text
 // (CauseText) on the message and, as the queue's policy says, parks the
-// group for a backoff, dead-letters the message, or stops the group.
+// group for a backoff, dead-letters the message, or stops the group. A
+// cause that is (or wraps) pgtransport.DeadLetterNow's dead-letters the
+// message at once; pgtransport.Snooze's parks the group uncounted.
 // ErrLeaseLost (nothing changed) when the lease no longer holds. Like a
 // nack it wakes one parked caller.
 func (c *Core) Fail(ctx context.Context, l *pgtransport.Lease, cause error) (FailOutcome, error) {
@@ -332,8 +336,23 @@ func (c *Core) fail(ctx context.Context, l *pgtransport.Lease, cause error) (Fai
 	if err := ctx.Err(); err != nil {
 		return "", fmt.Errorf("fail: %w", err)
 	}
-	var out *string
-	err := c.db.QueryRow(ctx, c.q.fail, c.now(), l.Group, l.Seq, l.Token, CauseText(cause)).Scan(&out)
+	var (
+		out    *string
+		err    error
+		snooze *pgtransport.SnoozeError
+		bury   *pgtransport.DeadLetterError
+	)
+	switch {
+	case errors.As(cause, &snooze):
+		if snooze.Delay < 0 {
+			return "", fmt.Errorf("fail: snooze: %w: %v", pgtransport.ErrInvalidDelay, snooze.Delay)
+		}
+		out, err = c.fenceOutcome(ctx, c.q.snooze, FailSnoozed, l, snooze.Delay.Seconds())
+	case errors.As(cause, &bury):
+		out, err = c.fenceOutcome(ctx, c.q.deadLetter, FailBuried, l, CauseText(bury.Cause))
+	default:
+		err = c.db.QueryRow(ctx, c.q.fail, c.now(), l.Group, l.Seq, l.Token, CauseText(cause)).Scan(&out)
+	}
 	switch {
 	case err != nil:
 		err = mapErr("fail", err)
@@ -345,6 +364,17 @@ func (c *Core) fail(ctx context.Context, l *pgtransport.Lease, cause error) (Fai
 		return "", err
 	}
 	return FailOutcome(*out), nil
+}
+
+// fenceOutcome runs sql, a fenced settle of l's message answering whether
+// the lease held, with arg, and answers outcome if it did, nil if not.
+func (c *Core) fenceOutcome(ctx context.Context, sql string, outcome FailOutcome, l *pgtransport.Lease, arg any) (*string, error) {
+	var held bool
+	if err := c.db.QueryRow(ctx, sql, c.now(), l.Group, l.Seq, l.Token, arg).Scan(&held); err != nil || !held {
+		return nil, err
+	}
+	out := string(outcome)
+	return &out, nil
 }
 
 // Release gives back a lease nobody used: its group is free at once, first

@@ -121,7 +121,11 @@ func (c *Core) reportLost(settled []Settled) {
 // policy).
 func (c *Core) observeFailed(t0 time.Time, l *pgtransport.Lease, out FailOutcome, cause, err error) {
 	if o := c.cfg.Observer; o != nil {
-		o.Failed(l, string(out), time.Since(t0), err)
+		reported := string(out)
+		if out == FailBuried {
+			reported = pgtransport.OutcomeDead // a dead letter, whatever put it there
+		}
+		o.Failed(l, reported, time.Since(t0), err)
 	}
 	if err != nil {
 		return
@@ -131,6 +135,14 @@ func (c *Core) observeFailed(t0 time.Time, l *pgtransport.Lease, out FailOutcome
 	case FailDead:
 		lg.LogAttrs(context.Background(), slog.LevelWarn, "pgtransport: message dead-lettered: it used its attempts",
 			slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.Int("attempt", l.Attempt), slog.String("cause", CauseText(cause)))
+	case FailBuried:
+		lg.LogAttrs(context.Background(), slog.LevelWarn, "pgtransport: message dead-lettered: its handler said it can never succeed",
+			slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.Int("attempt", l.Attempt), slog.String("cause", CauseText(cause)))
+	case FailSnoozed:
+		if lg.Enabled(context.Background(), slog.LevelDebug) {
+			lg.LogAttrs(context.Background(), slog.LevelDebug, "pgtransport: message snoozed; its attempt is not counted",
+				slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.Int("attempt", l.Attempt), slog.String("cause", CauseText(cause)))
+		}
 	case FailStopped:
 		lg.LogAttrs(context.Background(), slog.LevelWarn, "pgtransport: group stopped: its head used its attempts (RestartGroup resumes it)",
 			slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.Int("attempt", l.Attempt), slog.String("cause", CauseText(cause)))

@@ -77,6 +77,9 @@ const (
 
 	// failSQL answers NULL (not held), 'retry', 'dead' or 'stopped'.
 	failSQL = `SELECT {s}harel_fail($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::text){kfrom}`
+	// deadLetterSQL and snoozeSQL answer whether the lease held.
+	deadLetterSQL = `SELECT {s}harel_dead_letter($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::text){kfrom}`
+	snoozeSQL     = `SELECT {s}harel_snooze($2::text, $3::bigint, $4::text, ` + nowExpr + `, $5::float8){kfrom}`
 
 	// releaseSQL gives an unused lease back, uncounted. It takes no now.
 	releaseSQL = `SELECT {s}harel_release($1::text, $2::text)`
@@ -157,6 +160,7 @@ type statements struct {
 	publish, claim, ack, nack, extend    string
 	extendMany, ackClaim                 string
 	claimInTx, fail, release             string
+	deadLetter, snooze                   string
 	wait, unwait, channel                string
 	publishMany, publishKeyed, exchange  string
 	pending                              string
@@ -191,6 +195,8 @@ func newStatements(schema string, clock bool) statements {
 		extendMany: bind(extendManySQL),
 		ackClaim:   bind(ackClaimSQL),
 		fail:       bind(failSQL),
+		deadLetter: bind(deadLetterSQL),
+		snooze:     bind(snoozeSQL),
 		release:    bind(releaseSQL),
 
 		publishMany:  bind(publishManySQL),

@@ -575,6 +575,14 @@ CREATE OR REPLACE FUNCTION harel_fail(p_group TEXT, p_seq BIGINT, p_token TEXT, 
 RETURNS TEXT LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_of(p_seq); $$;
 
+CREATE OR REPLACE FUNCTION harel_dead_letter(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION, p_error TEXT)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_of(p_seq); $$;
+
+CREATE OR REPLACE FUNCTION harel_snooze(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
+RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_of(p_seq); $$;
+
 CREATE OR REPLACE FUNCTION harel_px_on_nack(p_part INT, p_group TEXT, p_token TEXT, p_now DOUBLE PRECISION, p_delay DOUBLE PRECISION)
 RETURNS BOOLEAN
 LANGUAGE plproxy SET search_path FROM CURRENT

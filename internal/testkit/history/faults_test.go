@@ -56,6 +56,7 @@ func outcome(err error) history.Outcome {
 type faults struct {
 	kills, abandoned, slow, extended, timeouts, nacks atomic.Int64
 	fails, crashes, redriven, healed, shortRedrives   atomic.Int64
+	buried, snoozed, snoozeKept, snoozeCounted        atomic.Int64
 }
 
 // The poison policy: a poison message's handler fails it, or crashes on
@@ -69,16 +70,25 @@ const (
 
 // poisonEvent marks about 3% of events as poison: half of them fail in
 // the handler ("!fail"), half crash the worker ("!crash": the lease is
-// abandoned and lapses).
+// abandoned and lapses). About 1% more are a handler's special results:
+// "!bury" (DeadLetterNow: dead-lettered at its first Fail) and "!snooze"
+// (Snooze, once: handed out again, uncounted, then healthy).
 func poisonEvent(event string) string {
 	switch rand.IntN(200) {
 	case 0, 1, 2:
 		return event + "!fail"
 	case 3, 4, 5:
 		return event + "!crash"
+	case 6:
+		return event + "!bury"
+	case 7:
+		return event + "!snooze"
 	}
 	return event
 }
+
+// snoozeFor is how long a "!snooze" message's group is parked.
+const snoozeFor = 20 * time.Millisecond
 
 // rig is the system under test: one schema, one pool whose connections
 // carry an application_name of their own (so the killer kills only them).
@@ -93,6 +103,10 @@ type rig struct {
 	// healed: seqs the operator redrove after fixing their handler; they
 	// are handled as healthy from then on.
 	healed stdsync.Map
+	// snoozes: the attempt of each "!snooze" message's snoozed hand-out
+	// (a snooze that applied); it is healthy after, and its next hand-out
+	// is checked to carry the same attempt (checked, once).
+	snoozes, checked stdsync.Map
 }
 
 func newRig(t *testing.T) *rig {
@@ -165,10 +179,79 @@ func (r *rig) poison(l *pgtransport.Lease) string {
 	if _, ok := r.healed.Load(l.Seq); ok {
 		return ""
 	}
-	if _, how, ok := strings.Cut(l.Event, "!"); ok {
-		return how
+	_, how, _ := strings.Cut(l.Event, "!")
+	if how == "snooze" {
+		if a, ok := r.snoozes.Load(l.Seq); ok {
+			if _, again := r.checked.LoadOrStore(l.Seq, true); !again && l.Attempt != 0 {
+				if l.Attempt == a.(int) {
+					r.f.snoozeKept.Add(1)
+				} else {
+					r.f.snoozeCounted.Add(1) // another hand-out lapsed in between, or the snooze counted
+				}
+			}
+			return ""
+		}
 	}
-	return ""
+	return how
+}
+
+// badHandlerResult is what a poison message's handler returns: a plain
+// error ("fail"), DeadLetterNow ("bury") or Snooze ("snooze").
+func badHandlerResult(l *pgtransport.Lease, how string) error {
+	cause := fmt.Errorf("poison %s (attempt %d)", l.Event, l.Attempt)
+	switch how {
+	case "bury":
+		return pgtransport.DeadLetterNow(cause)
+	case "snooze":
+		return pgtransport.Snooze(snoozeFor)
+	}
+	return cause
+}
+
+// settled records what a poison message's Fail, which err answered, did:
+// a Dead op when it dead-lettered the message (its last attempt, or
+// DeadLetterNow), and a snooze's attempt.
+func (r *rig) settled(worker string, l *pgtransport.Lease, how string, start time.Time, err error) {
+	if err != nil {
+		return
+	}
+	switch {
+	case how == "bury":
+		r.f.buried.Add(1)
+		r.record(history.Dead, worker, l, start, nil)
+	case how == "snooze":
+		r.f.snoozed.Add(1)
+		r.snoozes.Store(l.Seq, l.Attempt)
+	case l.Attempt >= maxAttempts:
+		r.record(history.Dead, worker, l, start, nil)
+	}
+}
+
+// checkDead checks a dead letter: it used its attempts, or was buried at
+// once by its handler (DeadLetterNow) with its cause recorded.
+func checkDead(t *testing.T, d pgtransport.DeadLetter) {
+	t.Helper()
+	if strings.HasSuffix(d.Event, "!bury") {
+		if d.Attempts < 1 || d.Attempts > maxAttempts || !strings.Contains(d.LastError, "poison") {
+			t.Errorf("dead letter %d of %s, buried by its handler: %d attempts, cause %q", d.Seq, d.Group, d.Attempts, d.LastError)
+		}
+		return
+	}
+	if d.Attempts != maxAttempts {
+		t.Errorf("dead letter %d of %s: %d attempts, want %d", d.Seq, d.Group, d.Attempts, maxAttempts)
+	}
+}
+
+// checkSnoozes fails the test when the snoozed messages came back with
+// their attempt counted more often than not (a hand-out that lapsed in
+// between may count one, so a few may), or when snoozes applied and none
+// came back.
+func (r *rig) checkSnoozes(t *testing.T) {
+	t.Helper()
+	kept, counted := r.f.snoozeKept.Load(), r.f.snoozeCounted.Load()
+	if r.f.snoozed.Load() > 0 && kept == 0 || counted > kept {
+		t.Errorf("snoozes: %d applied, %d handed out again with the same attempt, %d with it counted", r.f.snoozed.Load(), kept, counted)
+	}
 }
 
 // settlePoison plays a poison message's handler: it Fails l (recording a
@@ -181,11 +264,9 @@ func (r *rig) settlePoison(worker string, l *pgtransport.Lease, how string, fail
 	}
 	r.f.fails.Add(1)
 	start := time.Now()
-	err := fail(context.Background(), l, fmt.Errorf("poison %s (attempt %d)", l.Event, l.Attempt))
+	err := fail(context.Background(), l, badHandlerResult(l, how))
 	r.record(history.Fail, worker, l, start, err)
-	if err == nil && l.Attempt >= maxAttempts {
-		r.record(history.Dead, worker, l, start, nil)
-	}
+	r.settled(worker, l, how, start, err)
 }
 
 // handle plays one handler: a poison message's (see settlePoison), or a
@@ -465,9 +546,7 @@ func TestFaults(t *testing.T) {
 		}
 		for _, d := range page {
 			dead = append(dead, d.Seq)
-			if d.Attempts != maxAttempts {
-				t.Errorf("dead letter %d of %s: %d attempts, want %d", d.Seq, d.Group, d.Attempts, maxAttempts)
-			}
+			checkDead(t, d)
 			if !strings.Contains(d.Event, "!") {
 				healthyDead++
 			} else if _, ok := r.healed.Load(d.Seq); ok {
@@ -479,6 +558,9 @@ func TestFaults(t *testing.T) {
 	if healthyDead > 5 {
 		t.Errorf("%d healthy messages dead-lettered: more than the killer explains", healthyDead)
 	}
+	r.checkSnoozes(t)
+	t.Logf("handlers' results: %d buried at once (DeadLetterNow), %d snoozed (%d back with the same attempt, %d counted)",
+		r.f.buried.Load(), r.f.snoozed.Load(), r.f.snoozeKept.Load(), r.f.snoozeCounted.Load())
 	if r.f.shortRedrives.Load() > 0 {
 		t.Errorf("%d redrives put back fewer dead letters than asked", r.f.shortRedrives.Load())
 	}

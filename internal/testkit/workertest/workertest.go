@@ -45,6 +45,8 @@ var cases = []testCase{
 	{"AckOnNil", ackOnNil, nil},
 	{"FailOnError", failOnError, nil},
 	{"PanicFails", panicFails, nil},
+	{"DeadLetterNowBuriesAtOnce", deadLetterNowBuriesAtOnce, nil},
+	{"SnoozeParksUncounted", snoozeParksUncounted, nil},
 	{"BoundedConcurrency", boundedConcurrency, nil},
 	{"HeartbeatKeepsLease", heartbeatKeepsLease, nil},
 	{"LostLeaseCancels", lostLeaseCancels, nil},
@@ -102,10 +104,11 @@ func newEnv(t *testing.T, open Open, tweak func(*pgtransport.Config)) *env {
 }
 
 // maxAttempts sets the queue's attempt limit (the queue's policy, kept in
-// the database: a core opened with it writes it).
+// the database), with the env's backoff.
 func (e *env) maxAttempts(n int) {
 	e.t.Helper()
-	if _, err := core.New(e.ctx(), e.db.Pool, pgtransport.Config{Schema: e.db.Schema, SkipApply: true, Policy: &pgtransport.Policy{MaxAttempts: n}}); err != nil {
+	p := pgtransport.Policy{MaxAttempts: n, RetryBackoffMin: time.Millisecond, RetryBackoffMax: time.Millisecond} // the env's backoff kept
+	if err := e.c.SetPolicy(e.ctx(), p); err != nil {
 		e.t.Fatalf("policy: %v", err)
 	}
 }
@@ -225,6 +228,75 @@ func failOnError(is *is.I, e *env) {
 	is.Equal(dead[0].LastError, "boom") // the handler's error, recorded
 	is.Equal(dead[0].Attempts, 2)
 	is.Equal(len(attempts), 0) // not handed out a third time
+}
+
+// deadLetterNowBuriesAtOnce: a handler that returns DeadLetterNow(err) on
+// its message's first attempt, with attempts to spare, has it
+// dead-lettered at once with err as its cause (logged at Warn), and the
+// group goes on with its next message.
+func deadLetterNowBuriesAtOnce(is *is.I, e *env) {
+	e.maxAttempts(5)
+	e.publish("g", "malformed")
+	e.publish("g", "fine")
+	handled := make(chan *pgtransport.Lease, 4)
+	stop, _ := e.start(pgtransport.WorkerConfig{Concurrency: 2, Visibility: 10 * time.Second}, func(ctx context.Context, l *pgtransport.Lease) error {
+		handled <- l
+		if l.Event == "malformed" {
+			return pgtransport.DeadLetterNow(errors.New("cannot parse"))
+		}
+		return nil
+	})
+	first := wait(e, handled, 20*time.Second, "the malformed message")
+	is.Equal(first.Event, "malformed")
+	is.Equal(first.Attempt, 1)
+	next := wait(e, handled, 20*time.Second, "the next message")
+	is.Equal(next.Event, "fine") // the group went on, not held by a backoff
+	e.waitFor("the ack", func() bool { return e.count(`SELECT count(*) FROM transport_messages`) == 0 })
+	is.NoErr(stop())
+	dead, err := e.c.DeadLetters(e.ctx(), pgtransport.DeadLetterQuery{})
+	is.NoErr(err)
+	is.Equal(len(dead), 1)
+	is.Equal(dead[0].Event, "malformed")
+	is.Equal(dead[0].LastError, "cannot parse") // the cause, not the wrapper's words
+	is.Equal(dead[0].Attempts, 1)               // at once: four attempts to spare
+	rec, ok := e.log.find("its handler said it can never succeed")
+	is.True(ok)                         // logged
+	is.Equal(rec.level, slog.LevelWarn) // for an operator to look at
+	is.Equal(len(handled), 0)           // not handed out again
+}
+
+// snoozeParksUncounted: a handler that returns Snooze(d) has its message
+// handed out again after d, not before, with the same attempt number,
+// while its group's next message waits behind it.
+func snoozeParksUncounted(is *is.I, e *env) {
+	e.maxAttempts(2)
+	e.publish("g", "not yet")
+	e.publish("g", "after")
+	handled := make(chan *pgtransport.Lease, 8)
+	var snoozes atomic.Int32
+	const d = 300 * time.Millisecond
+	stop, _ := e.start(pgtransport.WorkerConfig{Concurrency: 2, Visibility: 10 * time.Second}, func(ctx context.Context, l *pgtransport.Lease) error {
+		handled <- l
+		if l.Event == "not yet" && snoozes.Add(1) <= 3 {
+			return pgtransport.Snooze(d)
+		}
+		return nil
+	})
+	var last time.Time
+	for i := range 4 { // three snoozes, then the ack: more than MaxAttempts hand-outs, none counted
+		l := wait(e, handled, 20*time.Second, fmt.Sprintf("hand-out %d", i+1))
+		now := time.Now()
+		is.Equal(l.Event, "not yet") // the head, again: "after" waits behind it
+		is.Equal(l.Attempt, 1)       // a snooze burns no attempt
+		if i > 0 {
+			is.True(now.Sub(last) >= d-50*time.Millisecond) // not before d
+		}
+		last = now
+	}
+	is.Equal(wait(e, handled, 20*time.Second, "the next message").Event, "after") // in order
+	e.waitFor("the acks", func() bool { return e.count(`SELECT count(*) FROM transport_messages`) == 0 })
+	is.NoErr(stop())
+	is.Equal(e.count(`SELECT count(*) FROM transport_dead_letters`), 0) // never dead-lettered
 }
 
 // panicFails: a panic is recovered, logged with its stack, and fails the

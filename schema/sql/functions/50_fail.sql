@@ -2,6 +2,67 @@
 -- failing (version 10): the retry, a stopped group's restart, and the dead
 -- letters.
 
+-- harel_fenced_attempts is the fence of a settle that names its message
+-- (harel_fail, harel_dead_letter, harel_snooze): the attempts of p_group's
+-- head if p_token holds p_group and p_seq is the message it was handed,
+-- the group row locked until commit; NULL, locking nothing, if not.
+CREATE OR REPLACE FUNCTION harel_fenced_attempts(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT)
+RETURNS INT
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    SELECT g.attempts
+      FROM transport_groups AS g
+     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
+       AND (g.delivered_seq = p_seq
+            OR (g.delivered_seq IS NULL  -- a lease from before version 10: its head only
+                AND p_seq = (SELECT m.seq FROM transport_messages AS m
+                              WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1)))
+       AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
+       FOR NO KEY UPDATE
+$$;
+
+-- harel_drop_head moves p_group's message p_seq, which the caller fenced
+-- (harel_fenced_attempts), to the dead letters with p_error, and the group
+-- goes on: freed with lock_expiry = p_now, or its row deleted when drained
+-- (with harel_ack's guard), as an ack would leave it.
+CREATE OR REPLACE FUNCTION harel_drop_head(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_now   DOUBLE PRECISION,
+    p_error TEXT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_gone BOOLEAN := false;
+BEGIN
+    PERFORM harel_bury(ARRAY[p_group], ARRAY[p_seq], p_error);
+    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
+       AND harel_try_guard(p_group) THEN
+        DELETE FROM transport_groups AS g
+         WHERE g.group_id = p_group AND NOT g.paused
+           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group);
+        v_gone := FOUND;
+    END IF;
+    IF NOT v_gone THEN
+        UPDATE transport_groups AS g
+           SET locked_by = NULL, lock_expiry = p_now
+         WHERE g.group_id = p_group;
+    END IF;
+END
+$$;
+
 -- harel_fail settles a lease whose handling failed, fenced like harel_ack
 -- (p_token holds p_group and p_seq is the message it was handed). NULL,
 -- changing nothing, if not. Otherwise, by the queue's policy
@@ -45,7 +106,6 @@ DECLARE
     v_min   DOUBLE PRECISION;
     v_cap   DOUBLE PRECISION;
     v_delay DOUBLE PRECISION;
-    v_gone  BOOLEAN := false;
 BEGIN
     IF p_now IS NULL THEN
         RAISE EXCEPTION 'harel_fail: p_now is NULL' USING ERRCODE = 'PT003';
@@ -53,17 +113,8 @@ BEGIN
     IF harel_clock_skewed(p_now) THEN
         PERFORM harel_refuse_skew('harel_fail', p_now);
     END IF;
-    -- The fence, and the lock that keeps it ours until commit.
-    SELECT g.attempts INTO v_att
-      FROM transport_groups AS g
-     WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
-       AND (g.delivered_seq = p_seq
-            OR (g.delivered_seq IS NULL  -- a lease from before version 10: its head only
-                AND p_seq = (SELECT m.seq FROM transport_messages AS m
-                              WHERE m.group_id = p_group ORDER BY m.seq LIMIT 1)))
-       AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group)
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    v_att := harel_fenced_attempts(p_group, p_seq, p_token);
+    IF v_att IS NULL THEN
         RETURN NULL;
     END IF;
     v_att := GREATEST(v_att, 1);  -- a lease taken before version 10 counted nothing
@@ -77,19 +128,7 @@ BEGIN
     END IF;
 
     IF v_max > 0 AND v_att >= v_max AND NOT v_stop THEN
-        PERFORM harel_bury(ARRAY[p_group], ARRAY[p_seq], v_error);
-        IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group)
-           AND harel_try_guard(p_group) THEN
-            DELETE FROM transport_groups AS g
-             WHERE g.group_id = p_group AND NOT g.paused
-               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group);
-            v_gone := FOUND;
-        END IF;
-        IF NOT v_gone THEN
-            UPDATE transport_groups AS g
-               SET locked_by = NULL, lock_expiry = p_now
-             WHERE g.group_id = p_group;
-        END IF;
+        PERFORM harel_drop_head(p_group, p_seq, p_now, v_error);
         RETURN 'dead';
     END IF;
 
@@ -111,6 +150,88 @@ BEGIN
        SET locked_by = '', lock_expiry = p_now + v_delay
      WHERE g.group_id = p_group;
     RETURN 'retry';
+END
+$$;
+
+-- harel_dead_letter moves the lease's message to the dead letters now,
+-- with p_error (cut to 2,048 characters), whatever attempts it has left
+-- and whatever the policy's on_exhausted: its handler found that it can
+-- never succeed (Go: a handler's pgtransport.DeadLetterNow). Fenced as
+-- harel_fail; the group goes on as after harel_fail's 'dead'. False,
+-- changing nothing, if the lease no longer holds. p_now as harel_fail's.
+CREATE OR REPLACE FUNCTION harel_dead_letter(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION,
+    p_error TEXT)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION 'harel_dead_letter: p_now is NULL' USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        PERFORM harel_refuse_skew('harel_dead_letter', p_now);
+    END IF;
+    IF harel_fenced_attempts(p_group, p_seq, p_token) IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM harel_drop_head(p_group, p_seq, p_now, left(p_error, 2048));
+    RETURN true;
+END
+$$;
+
+-- harel_snooze ends the lease without counting its attempt: the group is
+-- parked until p_now + p_delay (held by no token, as harel_fail's retry
+-- park, so a late ack, nack or extend under p_token changes nothing), its
+-- head unchanged and handed out again after the park with the attempt
+-- number it had (Go: a handler's pgtransport.Snooze). A p_delay of 0 frees
+-- the group at once, first in line, as harel_release. Fenced as
+-- harel_fail: false, changing nothing, if the lease no longer holds. A
+-- NULL or negative p_delay is refused (PT004), a NULL p_now too (PT003).
+CREATE OR REPLACE FUNCTION harel_snooze(
+    p_group TEXT,
+    p_seq   BIGINT,
+    p_token TEXT,
+    p_now   DOUBLE PRECISION,
+    p_delay DOUBLE PRECISION)
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    IF p_delay IS NULL OR p_delay < 0 THEN
+        RAISE EXCEPTION 'harel_snooze: p_delay (%) is NULL or negative', p_delay USING ERRCODE = 'PT004';
+    END IF;
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION 'harel_snooze: p_now is NULL' USING ERRCODE = 'PT003';
+    END IF;
+    IF harel_clock_skewed(p_now) THEN
+        PERFORM harel_refuse_skew('harel_snooze', p_now);
+    END IF;
+    IF harel_fenced_attempts(p_group, p_seq, p_token) IS NULL THEN
+        RETURN false;
+    END IF;
+    IF p_delay > 0 THEN
+        UPDATE transport_groups AS g
+           SET locked_by = '', lock_expiry = p_now + p_delay, attempts = GREATEST(g.attempts - 1, 0)
+         WHERE g.group_id = p_group;
+    ELSE
+        UPDATE transport_groups AS g
+           SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a),
+               attempts = GREATEST(g.attempts - 1, 0)
+         WHERE g.group_id = p_group;
+    END IF;
+    RETURN true;
 END
 $$;
 
