@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -146,10 +147,9 @@ func TestConfigErrors(t *testing.T) {
 	})
 	t.Run("SkipApplyOnEmptySchema", func(t *testing.T) {
 		is := is.New(t)
-		tr, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, SkipApply: true})
-		is.NoErr(err)
-		_, err = tr.Publish(ctx(t), "g", "e", 0)
-		is.True(errors.Is(err, pgtransport.ErrSchemaMissing)) // nothing was applied, and the error says so
+		_, err := pgsync.New(ctx(t), db.Pool, pgtransport.Config{Schema: db.Schema, SkipApply: true})
+		is.True(errors.Is(err, pgtransport.ErrSchemaMissing))               // refused at open, not at the first call
+		is.True(strings.Contains(err.Error(), "pgtransport migrate apply")) // naming the fix
 	})
 	t.Run("EventLimit", func(t *testing.T) {
 		is := is.New(t)

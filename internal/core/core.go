@@ -307,10 +307,10 @@ func (c *Core) Nack(ctx context.Context, l *pgtransport.Lease, delay time.Durati
 type FailOutcome string
 
 const (
-	FailRetry   FailOutcome = "retry"   // parked for the queue's backoff; the message stays the head
-	FailDead    FailOutcome = "dead"    // moved to transport_dead_letters; the group goes on
-	FailStopped FailOutcome = "stopped" // its attempts used, the group stopped (policy StopGroup)
-	FailBuried  FailOutcome = "buried"  // dead-lettered at once, as its cause asked (pgtransport.DeadLetterNow)
+	FailRetry   FailOutcome = "retry"                    // parked for the queue's backoff; the message stays the head
+	FailDead    FailOutcome = "dead"                     // moved to transport_dead_letters; the group goes on
+	FailStopped FailOutcome = "stopped"                  // its attempts used, the group stopped (policy StopGroup)
+	FailBuried  FailOutcome = "buried"                   // dead-lettered at once, as its cause asked (pgtransport.DeadLetterNow)
 	FailSnoozed FailOutcome = pgtransport.OutcomeSnoozed // parked uncounted, as its cause asked (pgtransport.Snooze)
 )
 

@@ -156,15 +156,29 @@ func (c *Core) observeFailed(t0 time.Time, l *pgtransport.Lease, out FailOutcome
 
 // LeaseLost reports that l was found lost by op (an ack, nack, fail,
 // release, extend or heartbeat answered ErrLeaseLost): to the observer,
-// and to the log at Warn, since its message will be (or was) handed out
-// again and its work may be done twice. The core calls it for every
+// and to the log at Warn when l had lapsed by this process's clock, since
+// its message will be (or was) handed out again and its work may be done
+// twice; before then only at Debug (it was settled already). The core calls it for every
 // ErrLeaseLost it returns; a front-end calls it only for a loss it finds
 // without the core.
 func (c *Core) LeaseLost(op string, l *pgtransport.Lease) {
 	if o := c.cfg.Observer; o != nil {
 		o.LeaseLost(l)
 	}
-	c.Logger().LogAttrs(context.Background(), slog.LevelWarn, "pgtransport: lease lost: the group went to another worker, or the lease lapsed",
+	lg := c.Logger()
+	if c.clock == nil && time.Now().Before(l.Expiry) { // (an injected Clock runs leases out by its own time)
+		// Not lapsed by this process's clock, which the database's lease
+		// outlasts (Lease.Expiry): so no other worker can have it. The
+		// lease was settled already (a second ack, or a handler that acked
+		// by hand inside Work), or its group purged or restarted by an
+		// operator: nothing for an operator to look at.
+		if lg.Enabled(context.Background(), slog.LevelDebug) {
+			lg.LogAttrs(context.Background(), slog.LevelDebug, "pgtransport: lease no longer held, before its expiry: settled already",
+				slog.String("op", op), slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.String("token", l.Token))
+		}
+		return
+	}
+	lg.LogAttrs(context.Background(), slog.LevelWarn, "pgtransport: lease lost: the group went to another worker, or the lease lapsed",
 		slog.String("op", op), slog.String("group", l.Group), slog.Int64("seq", l.Seq), slog.Int("attempt", l.Attempt),
 		slog.String("token", l.Token))
 }

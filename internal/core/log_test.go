@@ -106,6 +106,29 @@ func TestObserverSeesEachCall(t *testing.T) {
 	}
 }
 
+// TestSettledLeaseNotWarned: a second ack of a lease this process
+// settled, before the lease's expiry, is ErrLeaseLost as ever, but logged
+// at Debug, not at Warn: no other worker can hold a lease that has not
+// lapsed, so there is nothing for an operator to look at.
+func TestSettledLeaseNotWarned(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := pgtest.New(t, 2)
+	ctx := pgtest.Context(t)
+	logs := &pgtest.Logs{Level: slog.LevelDebug}
+	c, err := New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, Logger: logs.Logger()})
+	is.NoErr(err)
+	_, err = c.Publish(ctx, "g", "e", 0)
+	is.NoErr(err)
+	l, err := c.Claim(ctx, "w", time.Minute, 0)
+	is.NoErr(err)
+	is.NoErr(c.Ack(ctx, l))
+	err = c.Ack(ctx, l)
+	is.True(errors.Is(err, pgtransport.ErrLeaseLost))               // the second ack changed nothing
+	is.Equal(len(logs.Find(slog.LevelWarn, "lease lost")), 0)       // not a warning
+	is.Equal(len(logs.Find(slog.LevelDebug, "settled already")), 1) // but said, for whoever looks
+}
+
 // TestLostLeaseLogged: a lease that lapsed and went to another worker is
 // logged at Warn by the call that finds it lost (here an ack), naming its
 // group, and reported to the observer; ExtendMany reports nothing, its
