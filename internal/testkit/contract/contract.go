@@ -135,10 +135,11 @@ type testCase struct {
 	run  func(is *is.I, e *env)
 }
 
-// Run runs every case against transports from o: on one database (DB),
-// each case in a fresh schema, and over four partitions (Partitions4),
-// each case on a queue of its own (pgtest.ReusedPartitions: skipped,
-// loudly, where the test server has no PL/Proxy). All run in parallel.
+// Run runs every case against transports from o: on one database (DB)
+// and over four partitions (Partitions4), each case on a fresh queue of
+// its own, reset from an earlier case's (pgtest.ReusedDB and
+// pgtest.ReusedPartitions; the partitions are skipped, loudly, where the
+// test server has no PL/Proxy). All run in parallel.
 func Run(t *testing.T, o Opener) {
 	type topology struct {
 		name string

@@ -41,7 +41,7 @@ func newEnv(t *testing.T, n int, open func(t *testing.T, pools []*pgxpool.Pool, 
 	openDB func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (Transport, error)) *env {
 	e := &env{t: t, clock: NewClock(), n: n, openDB: openDB}
 	if n == 1 {
-		db := pgtest.New(t, 24)
+		db := pgtest.ReusedDB(t, 24)
 		e.db, e.schema, e.pools = db, db.Schema, []*pgxpool.Pool{db.Pool}
 	} else {
 		p := pgtest.ReusedPartitions(t, n)

@@ -58,8 +58,6 @@ func groupsLiveOnTheirHomePartition(is *is.I, e *env) {
 // claimFindsWorkOnAnyPartition: with one message on one partition at a
 // time, every claim finds it, wherever the claim's rotation starts.
 func claimFindsWorkOnAnyPartition(is *is.I, e *env) {
-	// One message on one partition at a time: every claim finds it,
-	// wherever the claim's rotation starts.
 	for _, gs := range e.groupsOn(2) {
 		for _, g := range gs {
 			e.publish(g, "only", 0)
@@ -179,7 +177,7 @@ func deadLettersPageAndRedriveAcrossPartitions(is *is.I, e *env) {
 	all := append(page1, page2...)
 	is.Equal(len(all), 2*e.n) // every partition's, paged by seq
 	is.True(slices.IsSortedFunc(all, func(a, b pgtransport.DeadLetter) int { return int(a.Seq - b.Seq) }))
-	var seqs []int64 // one dead letter of partition 0 and one of partition 3
+	var seqs []int64 // one dead letter of the first partition and one of the last
 	for _, want := range []int{0, e.n - 1} {
 		k := slices.IndexFunc(all, func(d pgtransport.DeadLetter) bool { return e.home(d.Group) == want })
 		is.True(k >= 0)

@@ -216,3 +216,34 @@ func TestReusedPartitionsAreFresh(t *testing.T) {
 		is.True(!mine)
 	})
 }
+
+// TestReusedDBIsFresh: a schema ReusedDB hands out again holds a fresh
+// queue: none of the rows, tables or policy of the test before.
+func TestReusedDBIsFresh(t *testing.T) {
+	read := func(t *testing.T, db *DB) [4]int {
+		is := is.New(t)
+		var s [4]int
+		is.NoErr(db.Pool.QueryRow(Context(t), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups),
+			(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()),
+			(SELECT max_attempts FROM transport_policy)`).Scan(&s[0], &s[1], &s[2]))
+		is.NoErr(db.Pool.QueryRow(Context(t), `SELECT harel_publish('probe', 'e', 0)`).Scan(&s[3])) // the seq a publish takes
+		return s
+	}
+	var first [4]int
+	var schema string
+	t.Run("Use", func(t *testing.T) {
+		is := is.New(t)
+		db := ReusedDB(t, 2)
+		schema, first = db.Schema, read(t, db)
+		_, err := db.Pool.Exec(Context(t), `CREATE TABLE effects (id BIGSERIAL PRIMARY KEY);
+			UPDATE transport_policy SET max_attempts = 3;
+			SELECT harel_publish('g', 'e', 0)`)
+		is.NoErr(err) // a test's writes
+	})
+	t.Run("Again", func(t *testing.T) {
+		is := is.New(t)
+		db := ReusedDB(t, 2)
+		is.Equal(db.Schema, schema)  // the same schema
+		is.Equal(read(t, db), first) // as fresh as it was, down to the next seq
+	})
+}
