@@ -1,45 +1,18 @@
 package async_test
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
-
-// TestClusterContract runs the cluster cases against an async.Transport over
-// four partitions.
-func TestClusterContract(t *testing.T) {
-	contract.RunCluster(t, func(t *testing.T, pools []*pgxpool.Pool, cfg pgtransport.Config) (contract.Closer, error) {
-		c, err := async.NewCluster(context.Background(), pools, cfg)
-		if err != nil {
-			return nil, err
-		}
-		t.Cleanup(c.Close)
-		return closing{blocking{c}}, nil
-	})
-}
-
-// TestOpenCluster opens an async.Transport from its proxy's map.
-func TestOpenCluster(t *testing.T) {
-	contract.RunOpenCluster(t, func(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (contract.Closer, error) {
-		c, err := async.OpenCluster(ctx, proxyDSN, cfg)
-		if err != nil {
-			return nil, err
-		}
-		return closing{blocking{c}}, nil
-	})
-}
 
 // TestClusterCloseEndsItsStreams: a ClusterStream whose receiver stopped
 // receiving holds leases (in its partitions' streams and its forwarders);

@@ -6,34 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
 )
-
-func (b blocking) AckTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease) error {
-	return <-b.t.AckTx(ctx, tx, l)
-}
-
-func (b blocking) AckStateTx(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) error {
-	return <-b.t.AckStateTx(ctx, tx, l, state)
-}
-
-func (b blocking) State(ctx context.Context, group string) ([]byte, error) {
-	r := <-b.t.State(ctx, group)
-	return r.Value, r.Err
-}
-
-func (b blocking) StateTx(ctx context.Context, tx pgx.Tx, group string) ([]byte, error) {
-	r := <-b.t.StateTx(ctx, tx, group)
-	return r.Value, r.Err
-}
-
-func (b blocking) WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error {
-	return b.t.WorkTx(ctx, cfg, h)
-}
 
 // TestAckTxLeavesTheStream: a lease a stream delivered and AckTx acked
 // leaves the stream: its slot is free for the next claim (with

@@ -1,12 +1,10 @@
 package async_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/matryer/is"
 
@@ -15,30 +13,20 @@ import (
 	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 )
 
-// closing is blocking with the rest of the Transport's methods.
-type closing struct{ blocking }
-
-func (c closing) PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error) {
-	r := <-c.t.PublishTx(ctx, tx, group, event, priority)
-	return r.Value, r.Err
-}
-
-func (c closing) Close() { c.t.Close() }
-
 // TestClosedEveryMethod: every method delivers ErrClosed after Close, whether the
 // Transport owns its pool (FromDSN) or not (New).
 func TestClosedEveryMethod(t *testing.T) {
 	contract.RunClosed(t,
-		func(t *testing.T, pool *pgxpool.Pool, cfg pgtransport.Config) contract.Closer {
-			return closing{blocking{open(t, pool, cfg)}}
+		func(t *testing.T, pool *pgxpool.Pool, cfg pgtransport.Config) contract.Transport {
+			return blocking{open(t, pool, cfg)}
 		},
-		func(t *testing.T, dsn string, cfg pgtransport.Config) contract.Closer {
+		func(t *testing.T, dsn string, cfg pgtransport.Config) contract.Transport {
 			tr, err := async.FromDSN(ctx(t), dsn, cfg)
 			if err != nil {
 				t.Fatalf("FromDSN: %v", err)
 			}
 			t.Cleanup(tr.Close)
-			return closing{blocking{tr}}
+			return blocking{tr}
 		})
 }
 

@@ -1,7 +1,6 @@
 package async_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -10,46 +9,6 @@ import (
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
 )
-
-// The operator's calls of the blocking contract (contract.Operator), by
-// waiting on each call's channel.
-
-func (b blocking) Stats(ctx context.Context) (pgtransport.Stats, error) {
-	r := <-b.t.Stats(ctx)
-	return r.Value, r.Err
-}
-
-func (b blocking) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error) {
-	r := <-b.t.Groups(ctx, q)
-	return r.Value, r.Err
-}
-
-func (b blocking) Group(ctx context.Context, group string) (pgtransport.GroupInfo, error) {
-	r := <-b.t.Group(ctx, group)
-	return r.Value, r.Err
-}
-
-func (b blocking) Peek(ctx context.Context, group string, n int) ([]pgtransport.PeekedMessage, error) {
-	r := <-b.t.Peek(ctx, group, n)
-	return r.Value, r.Err
-}
-
-func (b blocking) PauseGroup(ctx context.Context, group string) error {
-	return <-b.t.PauseGroup(ctx, group)
-}
-
-func (b blocking) ResumeGroup(ctx context.Context, group string) error {
-	return <-b.t.ResumeGroup(ctx, group)
-}
-
-func (b blocking) PurgeGroup(ctx context.Context, group string, limit int) (int64, error) {
-	r := <-b.t.PurgeGroup(ctx, group, limit)
-	return r.Value, r.Err
-}
-
-func (b blocking) Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error {
-	return b.t.Work(ctx, cfg, h)
-}
 
 // TestStreamSkipsPausedGroup: a stream never receives a paused group's
 // messages, and a resume from another process's transport (here the

@@ -27,7 +27,7 @@ import (
 // notifications (poll-only).
 func TestContractPgBouncer(t *testing.T) {
 	b := pgtest.Bouncer(t)
-	contract.Run(t, func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
+	contract.Run(t, contract.Opener{DB: func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
 		bouncerSkip(t)
 		pool := db.(*pgxpool.Pool)
 		cfg.Logger = slog.New(slog.DiscardHandler) // "notifications are off", once per transport
@@ -37,7 +37,7 @@ func TestContractPgBouncer(t *testing.T) {
 		}
 		t.Cleanup(tr.Close)
 		return blocking{tr}, nil
-	})
+	}}) // one database: PgBouncer stands in front of one
 }
 
 // bouncerSkips: as sync's, the cases TestContract runs alone.

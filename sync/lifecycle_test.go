@@ -14,14 +14,14 @@ import (
 // Transport owns its pool (FromDSN) or not (New).
 func TestClosedEveryMethod(t *testing.T) {
 	contract.RunClosed(t,
-		func(t *testing.T, pool *pgxpool.Pool, cfg pgtransport.Config) contract.Closer {
+		func(t *testing.T, pool *pgxpool.Pool, cfg pgtransport.Config) contract.Transport {
 			tr, err := pgsync.New(ctx(t), pool, cfg)
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
 			return tr
 		},
-		func(t *testing.T, dsn string, cfg pgtransport.Config) contract.Closer {
+		func(t *testing.T, dsn string, cfg pgtransport.Config) contract.Transport {
 			tr, err := pgsync.FromDSN(ctx(t), dsn, cfg)
 			if err != nil {
 				t.Fatalf("FromDSN: %v", err)

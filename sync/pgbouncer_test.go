@@ -30,13 +30,13 @@ import (
 // functions' locking, which no connection path changes.
 func TestContractPgBouncer(t *testing.T) {
 	b := pgtest.Bouncer(t)
-	contract.Run(t, func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
+	contract.Run(t, contract.Opener{DB: func(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
 		bouncerSkip(t)
 		if pool, ok := db.(*pgxpool.Pool); ok {
 			db = b.Reroute(t, pool, "cache_describe")
 		}
-		return open(t, db, cfg)
-	})
+		return openDB(t, db, cfg)
+	}}) // one database: PgBouncer stands in front of one
 }
 
 // TestPoolerExecModes: FromDSN through a transaction pooler refuses pgx's

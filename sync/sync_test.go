@@ -18,8 +18,6 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/core"
-	"github.com/pgtransport/pgtransport/internal/testkit/contract"
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
@@ -29,17 +27,6 @@ import (
 func TestMain(m *testing.M) {
 	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core", "github.com/pgtransport/pgtransport/internal/cluster", "github.com/pgtransport/pgtransport/sync")
 }
-
-func open(t *testing.T, db core.DBTX, cfg pgtransport.Config) (contract.Transport, error) {
-	t.Helper()
-	tr, err := pgsync.New(context.Background(), db, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return tr, nil
-}
-
-func TestContract(t *testing.T) { contract.Run(t, open) }
 
 func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }
 

@@ -14,107 +14,45 @@ import (
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
-// The lifecycle cases join the table Run runs.
-func init() { cases = append(cases, lifecycleCases...) }
-
+// lifecycleCases: what Close ends, and what every call says after it.
+// RunClosed adds the ways a transport on one database is made and closed.
 var lifecycleCases = []testCase{
-	// Lease.Expiry is by this process's clock, even when the clock the
-	// statements use (here the injected one, standing for the server's)
-	// is an hour off: time.Until(Expiry) is the time the lease has left.
-	{"ExpiryIsByTheLocalClock", func(is *is.I, e *env) {
-		const vis = time.Minute
-		within := func(l *pgtransport.Lease, what string) {
-			e.t.Helper()
-			left := time.Until(l.Expiry)
-			if left <= 0 || left > vis {
-				e.t.Errorf("%s: time.Until(Expiry) = %v, want within (0, %v]", what, left, vis)
-			}
-		}
-		for _, skew := range []time.Duration{time.Hour, -time.Hour} {
-			e.clock.Advance(time.Now().Add(skew).Sub(e.clock.Now())) // the "server" is skew off
-			e.publish("a", "a1", 0)
-			e.publish("a", "a2", 0)
-			e.publish("b", "b1", 0)
-			e.publish("c", "c1", 0)
-
-			l, err := e.tr.Claim(e.ctx(), "w", vis, 0)
-			is.NoErr(err)
-			within(l, "Claim")
-			next, err := e.tr.AckNext(e.ctx(), l, vis)
-			is.NoErr(err)
-			is.True(next != nil) // a2 under the same lease
-			within(next, "AckNext")
-			is.NoErr(e.tr.Ack(e.ctx(), next))
-
-			many, err := e.tr.ClaimMany(e.ctx(), "w", vis, 0, 1)
-			is.NoErr(err)
-			is.Equal(len(many), 1)
-			within(many[0], "ClaimMany")
-			is.NoErr(e.tr.Ack(e.ctx(), many[0]))
-
-			waited, err := e.tr.ClaimWait(e.ctx(), "w", vis, 0)
-			is.NoErr(err)
-			within(waited, "ClaimWait")
-			is.NoErr(e.tr.Ack(e.ctx(), waited))
-			m, g := e.rows()
-			is.Equal(m+g, 0) // all settled
-		}
-	}},
-
-	// A visibility below MinVisibility is refused by every method that
-	// takes one, before anything is sent; MinVisibility itself is accepted.
-	{"VisibilityBelowFloorIsRefused", func(is *is.I, e *env) {
-		e.publish("g", "g1", 0)
-		e.publish("g", "g2", 0)
-		lease := e.claim("w", 0)
-		for _, vis := range []time.Duration{time.Nanosecond, time.Millisecond, pgtransport.MinVisibility - time.Nanosecond} {
-			calls := map[string]func() error{
-				"Claim": claimErr(e, context.Background(), "w", vis, 0),
-				"ClaimMany": func() error {
-					_, err := e.tr.ClaimMany(e.ctx(), "w", vis, 0, 10)
-					return err
-				},
-				"ClaimWait": func() error { // accepted, it would wait for work: fail fast
-					ctx, cancel := context.WithTimeout(e.ctx(), 5*time.Second)
-					defer cancel()
-					_, err := e.tr.ClaimWait(ctx, "w", vis, 0)
-					return err
-				},
-				"AckNext": func() error {
-					_, err := e.tr.AckNext(e.ctx(), lease, vis)
-					return err
-				},
-				"Extend": func() error { return e.tr.Extend(e.ctx(), lease, vis) },
-			}
-			for name, call := range calls {
-				if err := call(); !errors.Is(err, pgtransport.ErrInvalidVisibility) {
-					e.t.Errorf("%s with visibility %v: got %v, want ErrInvalidVisibility", name, vis, err)
-				}
-			}
-		}
-		m, g := e.rows()
-		is.Equal(m, 2) // nothing acked
-		is.Equal(g, 1)
-		is.NoErr(e.tr.Extend(e.ctx(), lease, pgtransport.MinVisibility)) // the floor itself is fine
-		next, err := e.tr.AckNext(e.ctx(), lease, pgtransport.MinVisibility)
-		is.NoErr(err)
-		is.Equal(next.Event, "g2") // the lease still held, and moved on
-		is.NoErr(e.tr.Ack(e.ctx(), next))
-	}},
+	{"EveryCallAfterCloseIsErrClosed", everyCallAfterCloseIsErrClosed},
+	{"CloseEndsAClaimWaitWithErrClosed", closeEndsAClaimWaitWithErrClosed},
 }
 
-// Closer is a transport under test that can be closed.
-type Closer interface {
-	Transport
-	PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) (int64, error)
-	Close()
+// everyCallAfterCloseIsErrClosed: after Close, every call returns
+// ErrClosed and writes nothing (afterClose); h's transaction is on h's
+// home partition.
+func everyCallAfterCloseIsErrClosed(is *is.I, e *env) {
+	afterClose(e.t, e.tr, e.poolAt("h").Begin, e.count)
+}
+
+// closeEndsAClaimWaitWithErrClosed: a ClaimWait parked when Close is
+// called (on every partition) returns ErrClosed at once, not ctx's error.
+func closeEndsAClaimWaitWithErrClosed(is *is.I, e *env) {
+	ctx, cancel := context.WithTimeout(e.ctx(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := e.tr.ClaimWait(ctx, "w", time.Minute, 0)
+		got <- err
+	}()
+	e.waitParked()
+	e.tr.Close()
+	select {
+	case err := <-got:
+		is.True(errors.Is(err, pgtransport.ErrClosed)) // not ctx's error: Close ended it
+	case <-time.After(20 * time.Second):
+		e.t.Fatal("Close has not ended the ClaimWait 20 s on")
+	}
 }
 
 // RunClosed checks that every method returns ErrClosed after Close, both
 // for a transport made with New on the caller's pool (the pool stays
 // open) and for one made with FromDSN (it owns its pool and closes it),
 // and that a transport whose pool its owner closed answers ErrClosed too.
-func RunClosed(t *testing.T, open func(t *testing.T, db *pgxpool.Pool, cfg pgtransport.Config) Closer, fromDSN func(t *testing.T, dsn string, cfg pgtransport.Config) Closer) {
+func RunClosed(t *testing.T, open func(t *testing.T, db *pgxpool.Pool, cfg pgtransport.Config) Transport, fromDSN func(t *testing.T, dsn string, cfg pgtransport.Config) Transport) {
 	t.Run("New", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.New(t, 8)
@@ -160,7 +98,7 @@ func poolCount(t *testing.T, pool *pgxpool.Pool) func(query string, args ...any)
 // group g, and calls every method: each returns ErrClosed and writes
 // nothing. begin begins a transaction where group h lives; count reads the
 // queue's tables.
-func afterClose(t *testing.T, tr Closer, begin func(context.Context) (pgx.Tx, error), count func(query string, args ...any) int) {
+func afterClose(t *testing.T, tr Transport, begin func(context.Context) (pgx.Tx, error), count func(query string, args ...any) int) {
 	is := is.New(t)
 	ctx := pgtest.Context(t)
 	_, err := tr.Publish(ctx, "g", "g1", 0)

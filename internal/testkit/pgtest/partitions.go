@@ -33,6 +33,7 @@ type Partitioned struct {
 	cluster  *partCluster // the databases and their admin pools
 	spare    *partCluster // Growable's: the shared cluster of twice as many, whose second half Grow adds
 	maxConns int32
+	fresh    []*snapshot // ReusedPartitions': each database's fresh state (the proxy's, then the partitions')
 }
 
 // Growable is Partitions(tb, n) behind a proxy database of tb's own, over
@@ -544,6 +545,12 @@ func (p *Partitioned) pool(ctx context.Context, dsn string, adm *pgxpool.Pool) (
 	if err := createSchema(ctx, adm, p.Schema, owner, time.Now()); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
+	return p.connectTo(ctx, dsn)
+}
+
+// connectTo returns a pool of p's on the database dsn names, its
+// search_path on p's schema.
+func (p *Partitioned) connectTo(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -560,7 +567,7 @@ func (c *partCluster) drop(p *Partitioned) error {
 	for i, adm := range append([]*pgxpool.Pool{c.proxy}, c.parts...) {
 		if i == 0 && p.Proxy != nil {
 			p.Proxy.Close()
-		} else if i > 0 && i <= len(p.Parts) {
+		} else if i > 0 && i <= len(p.Parts) && p.Parts[i-1] != nil {
 			p.Parts[i-1].Close()
 		}
 		if _, err := adm.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{p.Schema}.Sanitize()+" CASCADE"); err != nil {
@@ -572,6 +579,7 @@ func (c *partCluster) drop(p *Partitioned) error {
 
 // stopPartitions closes the admin pools of the partition clusters.
 func stopPartitions() {
+	dropReused()
 	clusters.mu.Lock()
 	defer clusters.mu.Unlock()
 	for _, c := range clusters.byN {

@@ -180,6 +180,7 @@ type DB struct {
 	DSN    string        // the server's connection string
 	Pool   *pgxpool.Pool // search_path is Schema, so plain SQL finds the tables
 	admin  *pgxpool.Pool
+	fresh  *snapshot // ReusedDB's: the fresh queue's state
 }
 
 // New creates a fresh schema for tb and a pool (up to maxConns connections,
@@ -212,6 +213,16 @@ func Open(maxConns int32) (*DB, error) {
 	if err := createSchema(ctx, adm, name, owner, time.Now()); err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
+	pool, err := schemaPool(dsn, name, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	return &DB{Schema: name, DSN: dsn, Pool: pool, admin: adm}, nil
+}
+
+// schemaPool is a pool of up to maxConns connections (0 means 8) on dsn
+// whose search_path is schema.
+func schemaPool(dsn, schema string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -220,13 +231,13 @@ func Open(maxConns int32) (*DB, error) {
 		maxConns = 8
 	}
 	cfg.MaxConns = maxConns
-	cfg.ConnConfig.RuntimeParams["search_path"] = name
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
-	return &DB{Schema: name, DSN: dsn, Pool: pool, admin: adm}, nil
+	return pool, nil
 }
 
 // Drop closes the pool and drops the schema with everything in it. It tries

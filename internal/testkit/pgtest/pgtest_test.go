@@ -164,3 +164,86 @@ func TestFindOrder(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(dsn, good) // then DATABASE_URL
 }
+
+// TestReusedPartitionsAreFresh: a queue ReusedPartitions hands out again
+// holds nothing of the test before: no rows, no table of its own, the
+// policy and the seqs of a fresh queue; one whose test made a function is
+// not handed out again.
+func TestReusedPartitionsAreFresh(t *testing.T) {
+	type state struct {
+		schema   string
+		rows     int
+		tables   int
+		attempts int
+		next     int64
+	}
+	read := func(t *testing.T, p *Partitioned) state {
+		is := is.New(t)
+		s := state{schema: p.Schema}
+		part := p.Parts[1]
+		is.NoErr(part.QueryRow(Context(t), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups)
+			+ (SELECT count(*) FROM transport_dead_letters) + (SELECT count(*) FROM transport_dedup)`).Scan(&s.rows))
+		is.NoErr(part.QueryRow(Context(t), `SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()`).Scan(&s.tables))
+		is.NoErr(part.QueryRow(Context(t), `SELECT max_attempts FROM transport_policy`).Scan(&s.attempts))
+		is.NoErr(part.QueryRow(Context(t), `SELECT CASE WHEN is_called THEN last_value + 1024 ELSE last_value END FROM transport_messages_seq_seq`).Scan(&s.next))
+		return s
+	}
+	var first state
+	t.Run("Use", func(t *testing.T) {
+		is := is.New(t)
+		p := ReusedPartitions(t, 4)
+		first = read(t, p)
+		is.Equal(first.rows, 0) // fresh
+		_, err := p.Parts[1].Exec(Context(t), `CREATE TABLE effects (id BIGSERIAL PRIMARY KEY);
+			INSERT INTO effects DEFAULT VALUES;
+			UPDATE transport_policy SET max_attempts = 3;
+			SELECT harel_publish('g', 'e', 0), harel_publish('h', 'e', 0)`)
+		is.NoErr(err) // a test's writes
+	})
+	t.Run("Again", func(t *testing.T) {
+		is := is.New(t)
+		p := ReusedPartitions(t, 4)
+		is.Equal(read(t, p), first) // the same queue, as fresh as it was
+		_, err := p.Parts[0].Exec(Context(t), `CREATE FUNCTION mine() RETURNS INT LANGUAGE sql AS 'SELECT 1'`)
+		is.NoErr(err) // a function reset does not undo
+	})
+	t.Run("NotAfterAFunction", func(t *testing.T) {
+		is := is.New(t)
+		p := ReusedPartitions(t, 4)
+		is.True(p.Schema != first.schema) // that queue was dropped
+		var mine bool
+		is.NoErr(p.Parts[0].QueryRow(Context(t), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, first.schema).Scan(&mine))
+		is.True(!mine)
+	})
+}
+
+// TestReusedDBIsFresh: a schema ReusedDB hands out again holds a fresh
+// queue: none of the rows, tables or policy of the test before.
+func TestReusedDBIsFresh(t *testing.T) {
+	read := func(t *testing.T, db *DB) [4]int {
+		is := is.New(t)
+		var s [4]int
+		is.NoErr(db.Pool.QueryRow(Context(t), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups),
+			(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()),
+			(SELECT max_attempts FROM transport_policy)`).Scan(&s[0], &s[1], &s[2]))
+		is.NoErr(db.Pool.QueryRow(Context(t), `SELECT harel_publish('probe', 'e', 0)`).Scan(&s[3])) // the seq a publish takes
+		return s
+	}
+	var first [4]int
+	var schema string
+	t.Run("Use", func(t *testing.T) {
+		is := is.New(t)
+		db := ReusedDB(t, 2)
+		schema, first = db.Schema, read(t, db)
+		_, err := db.Pool.Exec(Context(t), `CREATE TABLE effects (id BIGSERIAL PRIMARY KEY);
+			UPDATE transport_policy SET max_attempts = 3;
+			SELECT harel_publish('g', 'e', 0)`)
+		is.NoErr(err) // a test's writes
+	})
+	t.Run("Again", func(t *testing.T) {
+		is := is.New(t)
+		db := ReusedDB(t, 2)
+		is.Equal(db.Schema, schema)  // the same schema
+		is.Equal(read(t, db), first) // as fresh as it was, down to the next seq
+	})
+}

@@ -103,7 +103,15 @@ func NewProxy(tb testing.TB) *Proxy {
 // proxy, closed in tb.Cleanup.
 func (p *Proxy) Pool(tb testing.TB, db *DB, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(db.DSN)
+	return p.PoolOn(tb, db.DSN, db.Schema, maxConns)
+}
+
+// PoolOn returns a pool on schema of the database dsn names (on the test
+// server: a partition's, say) whose connections go through the proxy,
+// closed in tb.Cleanup.
+func (p *Proxy) PoolOn(tb testing.TB, dsn, schema string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		tb.Fatalf("pgtest: proxy: %v", err)
 	}
@@ -111,7 +119,7 @@ func (p *Proxy) Pool(tb testing.TB, db *DB, maxConns int32) *pgxpool.Pool {
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = addr.IP.String(), uint16(addr.Port)
 	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
 	cfg.MaxConns = maxConns
-	cfg.ConnConfig.RuntimeParams["search_path"] = db.Schema
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.ConnConfig.RuntimeParams["application_name"] = appName(owner)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -14,32 +14,15 @@ import (
 	"github.com/pgtransport/pgtransport"
 )
 
-// Operator is the operator's calls of issue 15 and the runtime, in the
-// blocking form: every Transport under test must have them (a case fails,
-// never skips, when one lacks them).
-type Operator interface {
-	Transport
-	Stats(ctx context.Context) (pgtransport.Stats, error)
-	Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error)
-	Group(ctx context.Context, group string) (pgtransport.GroupInfo, error)
-	Peek(ctx context.Context, group string, n int) ([]pgtransport.PeekedMessage, error)
-	PauseGroup(ctx context.Context, group string) error
-	ResumeGroup(ctx context.Context, group string) error
-	PurgeGroup(ctx context.Context, group string, limit int) (int64, error)
-	Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error
-}
-
-// The cases of issue 15: what an operator sees (Stats, Groups, Group,
-// Peek) and steers (pause, resume, purge).
-func init() {
-	cases = append(cases,
-		testCase{"OpsGroupsByStateOrderAndPage", opsGroupsByStateOrderAndPage},
-		testCase{"OpsPeekDoesNotLease", opsPeekDoesNotLease},
-		testCase{"OpsPauseStopsEveryClaim", opsPauseStopsEveryClaim},
-		testCase{"OpsPausedGroupKeepsItsRowWhenDrained", opsPausedGroupKeepsItsRowWhenDrained},
-		testCase{"OpsPurgeFencesTheHolder", opsPurgeFencesTheHolder},
-		testCase{"OpsRefusalsWriteNothing", opsRefusalsWriteNothing},
-	)
+// operationsCases: what an operator sees (Stats, Groups, Group, Peek) and
+// steers (pause, resume, purge).
+var operationsCases = []testCase{
+	{"GroupsByStateOrderAndPage", groupsByStateOrderAndPage},
+	{"PeekDoesNotLease", peekDoesNotLease},
+	{"PauseStopsEveryClaim", pauseStopsEveryClaim},
+	{"PausedGroupKeepsItsRowWhenDrained", pausedGroupKeepsItsRowWhenDrained},
+	{"PurgeFencesTheHolder", purgeFencesTheHolder},
+	{"RefusalsWriteNothing", refusalsWriteNothing},
 }
 
 func (e *env) op() Operator {
@@ -82,69 +65,74 @@ func (e *env) claimFor(vis time.Duration, minPriority int, want string) *pgtrans
 	return l
 }
 
-// opsGroupsByStateOrderAndPage builds one group in each state, with heads
+// groupsByStateOrderAndPage builds one group in each state, with heads
 // published in an order unlike the ids', and checks every filter, every
-// order, paging, Group's fields and Stats' counts.
-func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
+// order, paging, Group's fields and Stats' counts. Its groups share a
+// partition: OldestHead compares the heads' ages as each partition reads
+// them, exact within one partition, but across two only to the instants
+// their reads differ by, more than some of these publishes are apart
+// (AcrossPartitions/OperatorReadsAddUpOverPartitions merges partitions).
+func groupsByStateOrderAndPage(is *is.I, e *env) {
 	op := e.op()
+	G, Gs := func(g string) string { return e.place(g, 0) }, e.local
 	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
 	t0 := e.clock.Now()
 
 	// z: parked after two attempts (a lapsed lease, then a Fail).
-	e.publish("z", "z1", 0)
-	e.claimFor(10*time.Second, 0, "z")
+	e.publish(G("z"), "z1", 0)
+	e.claimFor(10*time.Second, 0, G("z"))
 	e.clock.Advance(11 * time.Second)
-	lz := e.claimFor(10*time.Second, 0, "z")
+	lz := e.claimFor(10*time.Second, 0, G("z"))
 	is.Equal(lz.Attempt, 2)
 	tz := e.clock.Now()
 	e.fail(e.tr, lz, "z broke")
 
 	// y: leased on its third attempt, held longest.
-	e.publish("y", "y1", 0)
-	e.publish("y", "y2", 0)
-	e.claimFor(10*time.Second, 0, "y")
+	e.publish(G("y"), "y1", 0)
+	e.publish(G("y"), "y2", 0)
+	e.claimFor(10*time.Second, 0, G("y"))
 	e.clock.Advance(11 * time.Second)
-	e.claimFor(10*time.Second, 0, "y")
+	e.claimFor(10*time.Second, 0, G("y"))
 	e.clock.Advance(11 * time.Second)
 	ty := e.clock.Now()
-	ly := e.claimFor(time.Minute, 0, "y")
+	ly := e.claimFor(time.Minute, 0, G("y"))
 	is.Equal(ly.Attempt, 3)
 
 	// p: paused before any claim.
 	e.clock.Advance(time.Second)
-	e.publish("p", "p1", 0)
-	is.NoErr(op.PauseGroup(e.ctx(), "p"))
+	e.publish(G("p"), "p1", 0)
+	is.NoErr(op.PauseGroup(e.ctx(), G("p")))
 
 	// k: leased after y.
-	e.publish("k", "k1", 0)
+	e.publish(G("k"), "k1", 0)
 	tk := e.clock.Now()
-	lk := e.claimFor(time.Minute, 0, "k")
+	lk := e.claimFor(time.Minute, 0, G("k"))
 
 	// a: free, never claimed.
-	e.publish("a", "a1", 0)
+	e.publish(G("a"), "a1", 0)
 
 	// d: a dead letter of priority 2 (its group drains and goes).
 	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1, RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
-	e.publish("d", "d1", 2)
-	e.fail(e.tr, e.claimFor(time.Minute, 2, "d"), "d died")
+	e.publish(G("d"), "d1", 2)
+	e.fail(e.tr, e.claimFor(time.Minute, 2, G("d")), "d died")
 
 	// s: stopped, priority 4.
 	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1, OnExhausted: pgtransport.StopGroup, RetryBackoffMin: time.Hour, RetryBackoffMax: time.Hour}})
-	e.publish("s", "s1", 4)
-	e.fail(e.tr, e.claimFor(time.Minute, 4, "s"), "s stopped")
+	e.publish(G("s"), "s1", 4)
+	e.fail(e.tr, e.claimFor(time.Minute, 4, G("s")), "s stopped")
 
 	// Every order and filter.
-	is.Equal(e.groups(pgtransport.GroupQuery{}), []string{"a", "k", "p", "s", "y", "z"})                                          // by group id
-	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.ByGroup}), []string{"a", "k", "p", "s", "y", "z"})                // the same
-	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.OldestHead}), []string{"z", "y", "p", "k", "a", "s"})             // by head seq
-	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.HeldLongest}), []string{"y", "k"})                                // leased only, earliest holder first
-	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.MostAttempts}), []string{"y", "z"})                               // heads handed out more than once, most first
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupFree}), []string{"a"})                                       // free
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupLeased}), []string{"k", "y"})                                // leased
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupParked}), []string{"z"})                                     // parked
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupStopped}), []string{"s"})                                    // stopped
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupPaused}), []string{"p"})                                     // paused
-	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupLeased, Order: pgtransport.OldestHead}), []string{"y", "k"}) // a filter and an order
+	is.Equal(e.groups(pgtransport.GroupQuery{}), Gs("a", "k", "p", "s", "y", "z"))                                          // by group id
+	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.ByGroup}), Gs("a", "k", "p", "s", "y", "z"))                // the same
+	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.OldestHead}), Gs("z", "y", "p", "k", "a", "s"))             // by head seq
+	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.HeldLongest}), Gs("y", "k"))                                // leased only, earliest holder first
+	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.MostAttempts}), Gs("y", "z"))                               // heads handed out more than once, most first
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupFree}), Gs("a"))                                       // free
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupLeased}), Gs("k", "y"))                                // leased
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupParked}), Gs("z"))                                     // parked
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupStopped}), Gs("s"))                                    // stopped
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupPaused}), Gs("p"))                                     // paused
+	is.Equal(e.groups(pgtransport.GroupQuery{State: pgtransport.GroupLeased, Order: pgtransport.OldestHead}), Gs("y", "k")) // a filter and an order
 	// Paging.
 	var paged []string
 	for off := 0; off <= 6; off += 2 {
@@ -152,11 +140,11 @@ func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 		is.True(len(page) <= 2) // at most Limit
 		paged = append(paged, page...)
 	}
-	is.Equal(paged, []string{"a", "k", "p", "s", "y", "z"})                                                       // pages cover the list once, in order
-	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.OldestHead, Offset: 4, Limit: 1}), []string{"a"}) // Offset in another order
+	is.Equal(paged, Gs("a", "k", "p", "s", "y", "z"))                                                       // pages cover the list once, in order
+	is.Equal(e.groups(pgtransport.GroupQuery{Order: pgtransport.OldestHead, Offset: 4, Limit: 1}), Gs("a")) // Offset in another order
 
 	// Group's fields, by the transport's clock.
-	y := e.group("y")
+	y := e.group(G("y"))
 	is.Equal(y.State, pgtransport.GroupLeased)
 	is.Equal(y.Holder, ly.Token) // the holder is the lease token
 	is.True(y.LeasedAt.Equal(ty))
@@ -164,25 +152,25 @@ func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 	is.Equal(y.HeadSeq, ly.Seq)
 	is.Equal(y.Attempts, 3)
 	is.Equal(y.Priority, 0)
-	k := e.group("k")
+	k := e.group(G("k"))
 	is.Equal(k.Holder, lk.Token)
 	is.True(k.LeasedAt.Equal(tk))
 	is.Equal(k.Attempts, 1)
-	z := e.group("z")
+	z := e.group(G("z"))
 	is.Equal(z.State, pgtransport.GroupParked)
 	is.Equal(z.Holder, "") // a Fail ended the lease
 	is.Equal(z.HeadSeq, lz.Seq)
 	is.Equal(z.Attempts, 2)
 	is.True(z.Until.After(tz) && !z.Until.After(tz.Add(time.Hour+time.Second))) // the backoff's end
-	a := e.group("a")
-	is.Equal(a, pgtransport.GroupInfo{Group: "a", State: pgtransport.GroupFree, HeadSeq: a.HeadSeq, HeadAge: a.HeadAge})
+	a := e.group(G("a"))
+	is.Equal(a, pgtransport.GroupInfo{Group: G("a"), State: pgtransport.GroupFree, HeadSeq: a.HeadSeq, HeadAge: a.HeadAge})
 	is.True(a.HeadSeq > lk.Seq) // published after k1
-	s := e.group("s")
+	s := e.group(G("s"))
 	is.Equal(s.State, pgtransport.GroupStopped)
 	is.Equal(s.Priority, 4)
 	is.True(s.Until.IsZero()) // stopped: the far future shows as zero
 	is.Equal(s.Holder, "")
-	p := e.group("p")
+	p := e.group(G("p"))
 	is.Equal(p.State, pgtransport.GroupPaused)
 	is.Equal(p.Holder, "")
 	is.Equal(p.Attempts, 0)
@@ -220,9 +208,9 @@ func opsGroupsByStateOrderAndPage(is *is.I, e *env) {
 	is.True(time.Since(st.At).Abs() < time.Minute) // read by the server's clock (this machine's)
 }
 
-// opsPeekDoesNotLease: Peek shows the next messages in order, with the
+// peekDoesNotLease: Peek shows the next messages in order, with the
 // cause of the last Fail, and leaves the head to the next claim.
-func opsPeekDoesNotLease(is *is.I, e *env) {
+func peekDoesNotLease(is *is.I, e *env) {
 	op := e.op()
 	e.with(pgtransport.Config{Policy: &pgtransport.Policy{RetryBackoffMin: time.Second, RetryBackoffMax: time.Second}})
 	for i := range 3 {
@@ -262,10 +250,10 @@ func opsPeekDoesNotLease(is *is.I, e *env) {
 	}
 }
 
-// opsPauseStopsEveryClaim: no claim of any kind hands out a paused group;
+// pauseStopsEveryClaim: no claim of any kind hands out a paused group;
 // a holder mid-message settles its lease and the group is not handed on;
 // resume puts it back, its messages in order.
-func opsPauseStopsEveryClaim(is *is.I, e *env) {
+func pauseStopsEveryClaim(is *is.I, e *env) {
 	op := e.op()
 	for i := range 3 {
 		e.publish("g", event("g", i), 0)
@@ -285,26 +273,30 @@ func opsPauseStopsEveryClaim(is *is.I, e *env) {
 	e.clock.Advance(48 * time.Hour)
 	is.Equal(e.claim("w", 0), nil) // however long
 
-	// A holder mid-message: h is paused under its lease.
-	e.publish("h", "h-0", 0)
-	e.publish("h", "h-1", 0)
-	e.publish("h", "h-2", 0)
-	e.publish("x", "x-0", 0)
-	lh := e.claimFor(time.Minute, 0, "h")
-	is.NoErr(op.PauseGroup(e.ctx(), "h"))
-	h := e.group("h")
+	// A holder mid-message: h is paused under its lease. The claim must
+	// be h's, not x's (never-served groups in arrival order): they share
+	// a partition.
+	hx := e.local("h", "x")
+	hg, xg := hx[0], hx[1]
+	e.publish(hg, "h-0", 0)
+	e.publish(hg, "h-1", 0)
+	e.publish(hg, "h-2", 0)
+	e.publish(xg, "x-0", 0)
+	lh := e.claimFor(time.Minute, 0, hg)
+	is.NoErr(op.PauseGroup(e.ctx(), hg))
+	h := e.group(hg)
 	is.Equal(h.State, pgtransport.GroupPaused)
 	is.Equal(h.Holder, lh.Token)                    // still finishing its message
 	is.NoErr(e.tr.Extend(e.ctx(), lh, time.Minute)) // the lease holds
 	next, err := e.tr.AckNext(e.ctx(), lh, time.Minute)
 	is.NoErr(err)       // the holder acks
 	is.Equal(next, nil) // AckNext did not keep h, which has two more messages
-	e.ack(e.claimFor(time.Minute, 0, "x"))
+	e.ack(e.claimFor(time.Minute, 0, xg))
 	is.Equal(e.claim("w", 0), nil) // nor will any claim hand h out
-	h = e.group("h")
+	h = e.group(hg)
 	is.Equal(h.State, pgtransport.GroupPaused)
 	is.Equal(h.Holder, "")
-	ps, err := op.Peek(e.ctx(), "h", 10)
+	ps, err := op.Peek(e.ctx(), hg, 10)
 	is.NoErr(err)
 	is.Equal(len(ps), 2) // h-0 acked, h-1 and h-2 kept
 
@@ -361,7 +353,7 @@ func opsPauseStopsEveryClaim(is *is.I, e *env) {
 	seen = append(seen, "resumed")
 	mu.Unlock()
 	is.NoErr(op.ResumeGroup(e.ctx(), "g"))
-	is.NoErr(op.ResumeGroup(e.ctx(), "h"))
+	is.NoErr(op.ResumeGroup(e.ctx(), hg))
 	is.NoErr(op.ResumeGroup(e.ctx(), "w"))
 	e.until("the resumed groups drained", func() bool { m, _ := e.rows(); return m == 0 })
 	stop()
@@ -380,22 +372,11 @@ func opsPauseStopsEveryClaim(is *is.I, e *env) {
 	is.Equal(byGroup['w'], []string{"w-0", "w-1", "w-2"})
 }
 
-// until polls cond until it holds, and fails the case if it does not
-// within 30 s: for what only the tables show.
-func (e *env) until(what string, cond func() bool) {
-	e.t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("never %s within 30 s", what)
-		}
-	}
-}
-
-// opsPausedGroupKeepsItsRowWhenDrained: a paused group whose last message
+// pausedGroupKeepsItsRowWhenDrained: a paused group whose last message
 // is acked stays (Group answers, HeadSeq 0); a publish to it stays
 // unclaimed; resume puts it back, and a resume of a drained group deletes
 // its row.
-func opsPausedGroupKeepsItsRowWhenDrained(is *is.I, e *env) {
+func pausedGroupKeepsItsRowWhenDrained(is *is.I, e *env) {
 	op := e.op()
 	e.publish("g", "g-0", 3)
 	l := e.claim("w", 0)
@@ -428,10 +409,10 @@ func opsPausedGroupKeepsItsRowWhenDrained(is *is.I, e *env) {
 	is.Equal(m+n, 0)
 }
 
-// opsPurgeFencesTheHolder: PurgeGroup deletes the oldest messages, ends
+// purgeFencesTheHolder: PurgeGroup deletes the oldest messages, ends
 // the holder's lease (every later settle is ErrLeaseLost), ends a stop,
 // keeps a pause, and leaves later messages to the next claim.
-func opsPurgeFencesTheHolder(is *is.I, e *env) {
+func purgeFencesTheHolder(is *is.I, e *env) {
 	op := e.op()
 	for i := range 5 {
 		e.publish("g", event("g", i), 0)
@@ -490,9 +471,9 @@ func opsPurgeFencesTheHolder(is *is.I, e *env) {
 	is.Equal(m, 0)
 }
 
-// opsRefusalsWriteNothing: unknown groups, invalid ids and queries get
+// refusalsWriteNothing: unknown groups, invalid ids and queries get
 // their sentinels, and nothing changes.
-func opsRefusalsWriteNothing(is *is.I, e *env) {
+func refusalsWriteNothing(is *is.I, e *env) {
 	op := e.op()
 	e.publish("g", "g-0", 0)
 	before := e.group("g")
