@@ -23,6 +23,71 @@ var attemptsCases = []testCase{
 	{"FailDeadLettersAfterMaxAttempts", failDeadLettersAfterMaxAttempts},
 	{"LapsedLeasesDeadLetterAtClaim", lapsedLeasesDeadLetterAtClaim},
 	{"StopGroupPolicyStopsAndRestarts", stopGroupPolicyStopsAndRestarts},
+	{"DeadLetterNowBuriesAtOnce", deadLetterNowBuriesAtOnce},
+	{"SnoozeParksUncounted", snoozeParksUncounted},
+}
+
+// deadLetterNowBuriesAtOnce: a Fail whose cause is DeadLetterNow(err)
+// moves the head to the dead letters on its first attempt, with err's
+// text as its cause, even under the StopGroup policy with attempts to
+// spare; the group goes on at once. Fenced: a lease no longer held is
+// ErrLeaseLost and buries nothing.
+func deadLetterNowBuriesAtOnce(is *is.I, e *env) {
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 5, OnExhausted: pgtransport.StopGroup}})
+	seq, err := e.tr.Publish(e.ctx(), "g", "malformed", 1)
+	is.NoErr(err)
+	e.publish("g", "fine", 0)
+	l := e.claim("w", 0)
+	is.Equal(l.Event, "malformed")
+	stale := *l
+	stale.Token = "w:forged"
+	is.True(errors.Is(e.tr.Fail(e.ctx(), &stale, pgtransport.DeadLetterNow(errors.New("x"))), pgtransport.ErrLeaseLost)) // fenced
+	is.Equal(e.count(`SELECT count(*) FROM transport_dead_letters`), 0)                                                  // nothing buried
+	is.NoErr(e.tr.Fail(e.ctx(), l, pgtransport.DeadLetterNow(errors.New("cannot parse"))))
+	next := e.claim("w", 0) // no backoff: the group went on
+	is.True(next != nil)
+	is.Equal(next.Event, "fine")
+	ds := e.deadLetters(pgtransport.DeadLetterQuery{})
+	is.Equal(len(ds), 1)
+	is.Equal(ds[0].Seq, seq)
+	is.Equal(ds[0].LastError, "cannot parse") // the cause, unwrapped
+	is.Equal(ds[0].Attempts, 1)               // on its first attempt
+	is.Equal(ds[0].Priority, 1)
+	is.True(errors.Is(e.tr.Ack(e.ctx(), l), pgtransport.ErrLeaseLost)) // the lease is over
+	e.ack(next)
+}
+
+// snoozeParksUncounted: a Fail whose cause is Snooze(d) parks the group
+// for d, uncounted: nothing of it is claimable before d, and after d its
+// head comes back with the attempt number it had; the lease is over.
+// Snooze(0) frees it at once; a negative d is ErrInvalidDelay and a lease
+// no longer held ErrLeaseLost, each changing nothing.
+func snoozeParksUncounted(is *is.I, e *env) {
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 1}})
+	e.publish("g", "not yet", 0)
+	e.publish("g", "after", 0)
+	l := e.claim("w", 0)
+	is.Equal(l.Attempt, 1)
+	is.True(errors.Is(e.tr.Fail(e.ctx(), l, pgtransport.Snooze(-time.Second)), pgtransport.ErrInvalidDelay)) // refused
+	stale := *l
+	stale.Token = "w:forged"
+	is.True(errors.Is(e.tr.Fail(e.ctx(), &stale, pgtransport.Snooze(time.Minute)), pgtransport.ErrLeaseLost)) // fenced
+	is.NoErr(e.tr.Fail(e.ctx(), l, pgtransport.Snooze(time.Minute)))
+	is.True(errors.Is(e.tr.Ack(e.ctx(), l), pgtransport.ErrLeaseLost)) // the lease is over
+	is.Equal(e.claim("w", 0), nil)                                     // parked: "after" waits behind its head
+	e.clock.Advance(59 * time.Second)
+	is.Equal(e.claim("w", 0), nil) // not before the minute
+	e.clock.Advance(2 * time.Second)
+	l = e.claim("w", 0)
+	is.Equal(l.Event, "not yet")
+	is.Equal(l.Attempt, 1) // uncounted, though MaxAttempts is 1: not dead-lettered
+	is.NoErr(e.tr.Fail(e.ctx(), l, pgtransport.Snooze(0)))
+	l = e.claim("w", 0) // free at once
+	is.Equal(l.Event, "not yet")
+	is.Equal(l.Attempt, 1)
+	is.Equal(e.count(`SELECT count(*) FROM transport_dead_letters`), 0)
+	e.ack(l)
+	is.Equal(e.claim("w", 0).Event, "after")
 }
 
 // attemptsCountEveryHandOut: a hand-out counts whatever ends it: a Fail,

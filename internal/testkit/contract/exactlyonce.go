@@ -29,6 +29,7 @@ var exactlyOnceCases = []testCase{
 	{"StatePlainSQL", statePlainSQL},
 	{"WorkTxFoldsInOrder", workTxFoldsInOrder},
 	{"WorkTxFailedCommitHoldsNothing", workTxFailedCommitHoldsNothing},
+	{"WorkTxDeadLetterNowCommitsNothing", workTxDeadLetterNowCommitsNothing},
 	{"RefusesBadInput", refusesBadInput},
 }
 
@@ -326,6 +327,61 @@ func workTxFoldsInOrder(is *is.I, e *env) {
 		}
 		is.Equal(string(e.state(fmt.Sprint("acct-", g))), strconv.Itoa(sum)) // the fold, kept after the drain
 	}
+}
+
+// workTxDeadLetterNowCommitsNothing: a transactional handler that writes
+// an effect and a new state, then returns DeadLetterNow(err), has neither
+// committed (its transaction is rolled back) and its message dead-lettered
+// at once with err as the cause; one that returns Snooze is handed the
+// same message again, uncounted, with the state it had. The group goes on
+// in order, and the next message sees only committed state.
+func workTxDeadLetterNowCommitsNothing(is *is.I, e *env) {
+	x := e.exactly()
+	e.effects()
+	e.with(pgtransport.Config{Policy: &pgtransport.Policy{MaxAttempts: 5, StateRetention: time.Hour}})
+	e.publish("acct", "1", 0)
+	e.publish("acct", "bad", 0)
+	e.publish("acct", "later", 0)
+	e.publish("acct", "2", 0)
+	var snoozed atomic.Bool
+	attempts := make(chan int, 8)
+	ctx, cancel := context.WithCancel(e.ctx())
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() {
+		errs <- x.WorkTx(ctx, pgtransport.WorkerConfig{WorkerID: "tx", Concurrency: 1, ShutdownTimeout: time.Second},
+			func(ctx context.Context, tx pgx.Tx, l *pgtransport.Lease, state []byte) ([]byte, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{e.schema, "effects"}.Sanitize()+` (group_id, seq) VALUES ($1, $2)`, l.Group, l.Seq); err != nil {
+					return nil, err
+				}
+				sum, _ := strconv.Atoi(string(state))
+				switch {
+				case l.Event == "bad":
+					return []byte("poisoned"), pgtransport.DeadLetterNow(errors.New("cannot parse"))
+				case l.Event == "later":
+					attempts <- l.Attempt
+					if snoozed.CompareAndSwap(false, true) {
+						return []byte("poisoned"), pgtransport.Snooze(0)
+					}
+					return state, nil
+				}
+				n, _ := strconv.Atoi(l.Event)
+				return []byte(strconv.Itoa(sum + n)), nil
+			})
+	}()
+	e.until("every message is handled", func() bool { return e.count(`SELECT count(*) FROM transport_messages`) == 0 })
+	cancel()
+	is.NoErr(<-errs)
+	is.Equal(e.count(`SELECT count(*) FROM effects`), 3) // 1, later and 2: the buried and the snoozed attempts' writes rolled back
+	is.Equal(e.count(`SELECT count(*) FROM effects WHERE seq IN (SELECT seq FROM transport_dead_letters)`), 0)
+	is.Equal(string(e.state("acct")), "3") // 1 + 2: neither "poisoned" state committed
+	ds := e.deadLetters(pgtransport.DeadLetterQuery{})
+	is.Equal(len(ds), 1)
+	is.Equal(ds[0].Event, "bad")
+	is.Equal(ds[0].LastError, "cannot parse")
+	is.Equal(ds[0].Attempts, 1)
+	is.Equal(<-attempts, 1) // the snoozed hand-out
+	is.Equal(<-attempts, 1) // and the next: uncounted
 }
 
 // workTxFailedCommitHoldsNothing: a handler's transaction whose
