@@ -134,6 +134,10 @@ var (
 	// ErrClosed: the transport was closed (every method of either
 	// front-end returns it after Close), or the pool under it was.
 	ErrClosed = errors.New("pgtransport: transport closed")
+	// ErrStreamClosed: an async Stream's Err after its own Close (after
+	// the Transport's Close it is ErrClosed). errors.Is(ErrStreamClosed,
+	// ErrClosed) holds, so a check for ErrClosed covers both.
+	ErrStreamClosed error = streamClosed{}
 	// ErrOutcomeUnknown: the call may have reached the database, but no
 	// reply came back (the connection broke, or ctx ended, while it ran),
 	// so it may or may not have applied; the error wraps the cause too (a
@@ -486,3 +490,9 @@ const (
 // transactions. Choose exec, cache_describe or simple_protocol (the DSN's
 // default_query_exec_mode, or pgx.ConnConfig.DefaultQueryExecMode).
 var ErrPoolerExecMode = errors.New("pgtransport: query exec mode unsafe behind a transaction pooler")
+
+// streamClosed is ErrStreamClosed: its own text, and ErrClosed to errors.Is.
+type streamClosed struct{}
+
+func (streamClosed) Error() string        { return "pgtransport: stream closed" }
+func (streamClosed) Is(target error) bool { return target == ErrClosed }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -361,8 +363,10 @@ func TestCloseGivesBack(t *testing.T) {
 	s.Close()
 	s.Close() // twice is fine
 	_, ok := <-s.C()
-	is.True(!ok) // closed by its sender
-	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))
+	is.True(!ok)                                             // closed by its sender
+	is.True(errors.Is(s.Err(), pgtransport.ErrStreamClosed)) // the stream's own Close, and it says so
+	is.Equal(s.Err().Error(), "pgtransport: stream closed")  // not "transport closed": the Transport is open
+	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))       // what a check for ErrClosed still finds
 	l, err := st.Claim(ctx(t), "other", time.Minute, 0)
 	is.NoErr(err)
 	is.True(l != nil) // claimable now, not after a minute's visibility
@@ -421,13 +425,34 @@ func TestClosed(t *testing.T) {
 	tr.Close() // twice is fine
 	_, ok := <-s.C()
 	is.True(!ok)
-	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))
+	is.True(errors.Is(s.Err(), pgtransport.ErrClosed))        // the Transport's Close
+	is.True(!errors.Is(s.Err(), pgtransport.ErrStreamClosed)) // not the stream's own
 	is.True(errors.Is((<-tr.Publish(ctx(t), "g", "e", 0)).Err, pgtransport.ErrClosed))
 	is.True(errors.Is((<-tr.Claim(ctx(t), "w", time.Minute, 0)).Err, pgtransport.ErrClosed))
 	is.True(errors.Is(<-tr.Ack(ctx(t), &pgtransport.Lease{Group: "g", Token: "t"}), pgtransport.ErrClosed))
 	_, err := tr.Stream(ctx(t), async.StreamConfig{WorkerID: "w", Visibility: time.Minute})
 	is.True(errors.Is(err, pgtransport.ErrClosed))
 	is.Equal(count(t, db, `SELECT count(*) FROM transport_messages`), 0)
+}
+
+// TestStreamConfigZeroWorks: a StreamConfig's zero value works, with a
+// WorkerConfig's defaults: the leases' tokens start with hostname:pid and
+// they hold for DefaultWorkerVisibility.
+func TestStreamConfigZeroWorks(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	tr, _, _ := setup(t, pgtransport.Config{})
+	s, err := tr.Stream(ctx(t), async.StreamConfig{})
+	is.NoErr(err) // zero works
+	defer s.Close()
+	sent := time.Now()
+	is.NoErr((<-tr.Publish(ctx(t), "g", "e", 0)).Err)
+	l := receive(t, s, 10*time.Second)
+	host, _ := os.Hostname()
+	is.True(strings.HasPrefix(l.Token, fmt.Sprintf("%s:%d:", host, os.Getpid()))) // the default worker id
+	left := time.Until(l.Expiry)
+	is.True(left > pgtransport.DefaultWorkerVisibility-time.Since(sent)-time.Second && left <= pgtransport.DefaultWorkerVisibility) // the default visibility
+	is.NoErr(<-tr.Ack(ctx(t), l))
 }
 
 func TestStreamConfigErrors(t *testing.T) {
@@ -438,8 +463,8 @@ func TestStreamConfigErrors(t *testing.T) {
 		cfg  async.StreamConfig
 		want error
 	}{
-		{"NoWorkerID", async.StreamConfig{Visibility: time.Minute}, pgtransport.ErrInvalidWorkerID},
-		{"NoVisibility", async.StreamConfig{WorkerID: "w"}, pgtransport.ErrInvalidVisibility},
+		{"NULInWorkerID", async.StreamConfig{WorkerID: "w\x00", Visibility: time.Minute}, pgtransport.ErrInvalidWorkerID},
+		{"NegativeVisibility", async.StreamConfig{WorkerID: "w", Visibility: -time.Second}, pgtransport.ErrInvalidVisibility},
 		{"PriorityFloorTooHigh", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MinPriority: 5}, pgtransport.ErrInvalidPriority},
 		{"NegativeInFlightBound", async.StreamConfig{WorkerID: "w", Visibility: time.Minute, MaxInFlight: -1}, pgtransport.ErrInvalidConfig},
 	} {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/core"
+	"github.com/pgtransport/pgtransport/internal/worker"
 )
 
 // Stream delivers leases on a channel as groups become claimable, from
@@ -55,6 +56,8 @@ type Stream struct {
 // without it, each on its own round-trip. A bad cfg is refused before any
 // stream starts.
 func (t *Transport) Stream(ctx context.Context, cfg StreamConfig) (*Stream, error) {
+	cfg.WorkerID = cmp.Or(cfg.WorkerID, worker.DefaultID())
+	cfg.Visibility = cmp.Or(cfg.Visibility, pgtransport.DefaultWorkerVisibility)
 	if err := core.CheckClaim(cfg.WorkerID, cfg.Visibility, cfg.MinPriority); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
@@ -147,8 +150,9 @@ func (st *Stream) C() <-chan *pgtransport.Lease {
 	return st.out
 }
 
-// Err says why the stream stopped: ErrClosed after Close (of the stream or
-// the Transport), ctx's error after its ctx ended, or the error that ended
+// Err says why the stream stopped: ErrStreamClosed after its Close,
+// ErrClosed after the Transport's (errors.Is(err, ErrClosed) holds for
+// both), ctx's error after its ctx ended, or the error that ended
 // it (over partitions, the first partition's that has one). Nil while it
 // runs.
 func (st *Stream) Err() error {

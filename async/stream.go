@@ -16,19 +16,22 @@ import (
 	"github.com/pgtransport/pgtransport/notify"
 )
 
-// StreamConfig configures a Stream. WorkerID and Visibility are required.
+// StreamConfig configures a Stream. The zero value works, with the same
+// defaults as a pgtransport.WorkerConfig's.
 type StreamConfig struct {
 	// WorkerID names the consumer in every lease token it takes (for the
 	// operator reading transport_groups: which process holds what); it
-	// scopes nothing. Run one stream per process, with a large
+	// scopes nothing. "" means hostname:pid, as a WorkerConfig's. Run
+	// one stream per process, with a large
 	// MaxInFlight, rather than a stream per worker goroutine: each stream
 	// has its own round-trips, and one stream of 1,024 leases in flight
 	// was measured at 56k msgs/s where 16 streams of 64 each made 30k
 	// (bench/README.md). Fan its leases out to handlers (Transport.Work
 	// does).
 	WorkerID string
-	// Visibility is how long each lease holds before it lapses: at least
-	// pgtransport.MinVisibility.
+	// Visibility is how long each lease holds before it lapses: 0 means
+	// pgtransport.DefaultWorkerVisibility (30 s), as a WorkerConfig's; at
+	// least pgtransport.MinVisibility.
 	Visibility time.Duration
 	// MinPriority is the priority floor: only groups at or above it.
 	MinPriority int
@@ -176,7 +179,7 @@ func (s *stream) PollOnly() bool { return s.sub == nil }
 // done, leases waiting in C are given back, and C is closed. Safe to call
 // twice.
 func (s *stream) Close() {
-	s.stop(pgtransport.ErrClosed)
+	s.stop(pgtransport.ErrStreamClosed)
 	s.cancel()
 	<-s.done
 }

@@ -95,6 +95,10 @@ func checkConfig(cfg pgtransport.WorkerConfig) (pgtransport.WorkerConfig, error)
 	return cfg, nil
 }
 
+// DefaultID is a WorkerConfig's or StreamConfig's WorkerID when it is "":
+// hostname:pid.
+func DefaultID() string { return defaultWorkerID() }
+
 // defaultWorkerID is hostname:pid.
 func defaultWorkerID() string {
 	host, err := os.Hostname()
