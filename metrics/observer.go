@@ -244,7 +244,7 @@ func (o *Observer) instruments() error {
 	o.qDead, errs[11] = m.Int64ObservableUpDownCounter(DeadLetters, metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters, per priority (an estimate on a large table)."))
 	o.qWaiting, errs[12] = m.Int64ObservableUpDownCounter(WaitingConsumers, metric.WithUnit("{consumer}"),
-		metric.WithDescription("Idle consumers waiting for a wake-up."))
+		metric.WithDescription("Idle async streams (and plain-SQL clients of harel_wait) waiting for a notification; blocking workers are not counted."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}

@@ -106,7 +106,7 @@ func writeStats(w io.Writer, s pgtransport.Stats) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\n%d idle consumers waiting. Read at %s (server clock); ~ marks an estimate.\n",
+	_, err := fmt.Fprintf(w, "\n%d idle streams waiting for a notification (blocking workers not counted). Read at %s (server clock); ~ marks an estimate.\n",
 		s.Waiting, s.At.UTC().Format(time.RFC3339))
 	return err
 }

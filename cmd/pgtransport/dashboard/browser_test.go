@@ -94,7 +94,8 @@ func TestPageShowsTheQueue(t *testing.T) {
 		is.Equal(text(t, tc, "#paused"), "1")
 		is.Equal(text(t, tc, "#free"), "10")
 		is.Equal(text(t, tc, "#dead"), "2")
-		is.Equal(text(t, tc, "#priorities tr:nth-child(3) td:nth-child(2)"), "4") // priority 2: g-02, g-05, g-08, g-11
+		is.Equal(text(t, tc, "#priorities tr:nth-child(3) td:nth-child(2)"), "4")                                                // priority 2: g-02, g-05, g-08, g-11
+		is.True(strings.Contains(text(t, tc, "main"), "idle streams waiting for a notification (blocking workers not counted)")) // what the count counts
 	}
 	is.NoErr(chromedp.Do(tc, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#depth"))))
 	check() // as the server rendered it
