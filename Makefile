@@ -8,7 +8,7 @@ FUZZTIME ?= 10m
 # must not carry): tested, vetted and tidied with the library.
 MODULES = metrics cmd/pgtransport internal/cmd/modproxy
 
-.PHONY: help test schema proxy-schema bench bench-full bench-go bench-stats held-snapshot failover fuzz fmt vet tidy release-check
+.PHONY: help test schema proxy-schema bench bench-full bench-long bench-go bench-stats held-snapshot failover fuzz fmt vet tidy release-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -33,10 +33,13 @@ schema: ## print the complete SQL script (default names) to stdout
 proxy-schema: ## print the script of a PL/Proxy proxy database over partitions (docs/protocol.md, "Partitions") to stdout
 	@$(GO) run ./internal/cmd/schemasql -proxy
 
-bench: ## pgtransport vs the old design vs River, poison messages and dedup, about 8 minutes: table, CSV and SVG chart in $(RESULTS)/
+bench: ## the headline, about 3 minutes: claim+ack of both transports against River and the old design, the handler runtimes; table, CSV and SVG chart in $(RESULTS)/
+	cd bench && $(GO) run . -only '^(commits|claimack|river|runtime)$$' -out $(abspath $(RESULTS))
+
+bench-full: ## every suite (hot group, publish, jobs, claim cost, latency, poison, dedup, worktx, proxy, partitions too), about 8 minutes
 	cd bench && $(GO) run . -out $(abspath $(RESULTS))
 
-bench-full: ## the same, longer runs and more of them
+bench-long: ## every suite with longer runs and more of them
 	cd bench && $(GO) run . -full -out $(abspath $(RESULTS))
 
 bench-stats: ## the operator's reads (Stats, Groups, Peek) at 1,000,000 groups and 10,000,000 messages, about 5 minutes

@@ -22,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	pgtest.MainNoLeaks(m,
+	pgtest.MainWithExamples(m,
 		"github.com/pgtransport/pgtransport/async",
 		"github.com/pgtransport/pgtransport/internal/cluster", // ClaimWait's waits over partitions
 		"github.com/pgtransport/pgtransport/internal/core",

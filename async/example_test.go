@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"log"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // A select-on-channel consumer: a Stream delivers leases from up to
@@ -19,11 +19,8 @@ import (
 // its previous one is acked, so each group is handled in publish order
 // while different groups run in parallel.
 func ExampleTransport_Stream() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := async.FromDSN(ctx, db.DSN, pgtransport.Config{Schema: db.Schema})
+	tr, err := async.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -73,7 +70,7 @@ func ExampleTransport_Stream() {
 		fmt.Println(group, got[group])
 	}
 	// Output:
-	// C open: false - Err: pgtransport: transport closed
+	// C open: false - Err: pgtransport: stream closed
 	// order-1 [created paid]
 	// order-2 [created paid]
 }

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"log"
 	"maps"
+	"os"
 	"slices"
 	stdsync "sync"
 	"time"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
-	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
 // An async worker with the runtime: Work feeds up to Concurrency handlers
@@ -21,11 +21,8 @@ import (
 // alive, and a shutdown lets running handlers finish. Handlers of
 // different groups run concurrently; each group's run in order.
 func ExampleTransport_Work() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := async.FromDSN(ctx, db.DSN, pgtransport.Config{Schema: db.Schema})
+	tr, err := async.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

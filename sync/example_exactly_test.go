@@ -4,15 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
@@ -25,19 +26,20 @@ import (
 // account, a COMMIT whose reply is lost: each ledger row is still written
 // once, in the events' order, and the balance is the fold of all of them.
 func ExampleTransport_WorkTx() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := pgsync.New(ctx, db.Pool, pgtransport.Config{ // a pool whose search_path finds the ledger
-		Schema: db.Schema,
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // the application's pool: the ledger is beside the queue
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	tr, err := pgsync.New(ctx, pool, pgtransport.Config{
 		Policy: &pgtransport.Policy{StateRetention: 24 * time.Hour}, // an account's balance outlives a quiet spell
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer tr.Close()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE ledger (id BIGSERIAL PRIMARY KEY, account TEXT, amount BIGINT, balance BIGINT)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (id BIGSERIAL PRIMARY KEY, account TEXT, amount BIGINT, balance BIGINT)`); err != nil {
 		log.Fatal(err)
 	}
 
@@ -74,7 +76,7 @@ func ExampleTransport_WorkTx() {
 		log.Fatal(err)
 	}
 
-	rows, _ := db.Pool.Query(ctx, `SELECT amount, balance FROM ledger ORDER BY id`)
+	rows, _ := pool.Query(ctx, `SELECT amount, balance FROM ledger ORDER BY id`)
 	for rows.Next() {
 		var amount, balance int64
 		_ = rows.Scan(&amount, &balance)

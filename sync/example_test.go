@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
@@ -19,11 +20,8 @@ import (
 // goroutine until its ctx ends, while the program publishes an order's
 // events; the worker handles them one at a time, in publish order.
 func ExampleTransport_ClaimWait() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := pgsync.FromDSN(ctx, db.DSN, pgtransport.Config{Schema: db.Schema})
+	tr, err := pgsync.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -77,12 +75,13 @@ func ExampleTransport_ClaimWait() {
 // or rolls back with the caller's own writes, and no claim sees it before
 // the commit.
 func ExampleTransport_PublishTx() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	pool := db.Pool // the application's pool
-	tr, err := pgsync.New(ctx, pool, pgtransport.Config{Schema: db.Schema})
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // the application's pool
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	tr, err := pgsync.New(ctx, pool, pgtransport.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -131,11 +130,8 @@ func ExampleTransport_PublishTx() {
 // lease. After Config.MaxKeep messages in a row (3 here) it frees the
 // group, which then waits its turn behind the others.
 func ExampleTransport_AckNext() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := pgsync.FromDSN(ctx, db.DSN, pgtransport.Config{Schema: db.Schema, MaxKeep: 3})
+	tr, err := pgsync.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{MaxKeep: 3})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/pgtransport/pgtransport"
-	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 	pgsync "github.com/pgtransport/pgtransport/sync"
 )
 
@@ -24,11 +24,8 @@ import (
 //
 // Here the program stops it once the order's three events are handled.
 func ExampleTransport_Work() {
-	db, drop := pgtest.Example() // a fresh schema on the test database
-	defer drop()
-
 	ctx := context.Background()
-	tr, err := pgsync.FromDSN(ctx, db.DSN, pgtransport.Config{Schema: db.Schema})
+	tr, err := pgsync.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 // TestMain checks, after the tests, that no goroutine of the core is left:
 // a Cluster's ClaimWait waits end by its Close.
 func TestMain(m *testing.M) {
-	pgtest.MainNoLeaks(m, "github.com/pgtransport/pgtransport/internal/core", "github.com/pgtransport/pgtransport/internal/cluster", "github.com/pgtransport/pgtransport/sync")
+	pgtest.MainWithExamples(m, "github.com/pgtransport/pgtransport/internal/core", "github.com/pgtransport/pgtransport/internal/cluster", "github.com/pgtransport/pgtransport/sync")
 }
 
 func ctx(tb testing.TB) context.Context { return pgtest.Context(tb) }

@@ -12,8 +12,12 @@ import (
 // MainNoLeaks is Main that also fails the run if, once the tests pass, a
 // goroutine is still running code from any of pkgs (import paths, e.g.
 // "github.com/pgtransport/pgtransport/async"). Goroutines get 5 s to end.
-func MainNoLeaks(m *testing.M, pkgs ...string) {
+func MainNoLeaks(m *testing.M, pkgs ...string) { runNoLeaks(m, pkgs, func() {}) }
+
+// runNoLeaks is MainNoLeaks, with after run once the package has.
+func runNoLeaks(m *testing.M, pkgs []string, after func()) {
 	code := m.Run()
+	after()
 	if code == 0 {
 		if leak := Leaked(5*time.Second, pkgs...); leak != "" {
 			fmt.Fprintf(os.Stderr, "goroutines leaked:\n%s\n", leak)
