@@ -164,9 +164,9 @@ var (
 	// ErrGroupMoved: a publish of a group in a partition that is no
 	// longer its home (the cluster grew, and the group has nothing left
 	// in its old partition: docs/protocol.md, "Growing the cluster").
-	// Nothing was written. A Cluster opened before the growth gets it;
+	// Nothing was written. A Transport opened before the growth gets it;
 	// reopen it (OpenCluster reads the grown map). A PublishTx gets it
-	// if its group left the partition between Cluster.Locate and the
+	// if its group left the partition between Transport.Locate and the
 	// insert: roll back and retry.
 	ErrGroupMoved = errors.New("pgtransport: group moved to another partition")
 )

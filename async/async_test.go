@@ -497,7 +497,7 @@ func TestFromDSN(t *testing.T) {
 	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))
 }
 
-// TestVacuum: with Config.Vacuum the transport vacuums the queue tables
+// TestVacuum: with Config.Async.Vacuum the transport vacuums the queue tables
 // once they collect dead rows (this repository's CI server runs with
 // autovacuum off, so nothing else would).
 func TestVacuum(t *testing.T) {

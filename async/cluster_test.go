@@ -14,9 +14,9 @@ import (
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
 )
 
-// TestClusterCloseEndsItsStreams: a ClusterStream whose receiver stopped
+// TestClusterCloseEndsItsStreams: a Stream over partitions whose receiver stopped
 // receiving holds leases (in its partitions' streams and its forwarders);
-// closing the Cluster ends it, closes C, and gives every undelivered lease
+// closing the Transport ends it, closes C, and gives every undelivered lease
 // back, not counted as an attempt.
 func TestClusterCloseEndsItsStreams(t *testing.T) {
 	t.Parallel()
@@ -49,7 +49,7 @@ func TestClusterCloseEndsItsStreams(t *testing.T) {
 	go func() {
 		defer close(closed)
 		c.Close()
-		for l := range s.C() { // closed by the Cluster's Close
+		for l := range s.C() { // closed by the Transport's Close
 			t.Errorf("a lease delivered after Close: %s", l.Group)
 		}
 	}()

@@ -21,7 +21,7 @@ import (
 // third, creates a group), while one async consumer works through a backlog
 // and acks. Modes:
 //
-//	off:    the consumer has notifications off (Config.DisableNotify).
+//	off:    the consumer has notifications off (Config.Async.DisableNotify).
 //	on:     notifications on; publishers notify only while the consumer waits.
 //	always: as on, plus a waiter row that never lapses, so every new group
 //	        notifies: what notifying on every new group would cost.

@@ -23,7 +23,7 @@ import (
 )
 
 // TestMain checks, after the tests, that no goroutine of the core is left:
-// a Cluster's ClaimWait waits end by its Close.
+// ClaimWait's waits over partitions end by the Transport's Close.
 func TestMain(m *testing.M) {
 	pgtest.MainWithExamples(m, "github.com/pgtransport/pgtransport/internal/core", "github.com/pgtransport/pgtransport/internal/cluster", "github.com/pgtransport/pgtransport/sync")
 }

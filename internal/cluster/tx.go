@@ -69,7 +69,7 @@ func (cl *Cluster) CheckPublishTx(ctx context.Context, tx pgx.Tx, group string, 
 
 // notOn is the refusal of a transaction that is not on partition i.
 func notOn(i int) error {
-	return fmt.Errorf("%w: the transaction is not on the database of partition %d, where the group lives (Cluster.Locate)", pgtransport.ErrInvalidConfig, i)
+	return fmt.Errorf("%w: the transaction is not on the database of partition %d, where the group lives (Transport.Locate)", pgtransport.ErrInvalidConfig, i)
 }
 
 // txPart is the partition number of tx's database, -1 for one that is

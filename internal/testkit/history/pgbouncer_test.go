@@ -20,7 +20,7 @@ import (
 // PgBouncer in transaction pooling mode (pgtest.BouncerPoolSize server
 // connections, pgx in cache_describe mode): publishers, three blocking
 // runtimes and an async one (listening straight to PostgreSQL through
-// Config.ListenDSN) share the pooler while the killer terminates the
+// Config.Async.ListenDSN) share the pooler while the killer terminates the
 // server connections it runs their transactions on (pgbouncer hands each
 // client's application_name on to them) and the handlers panic, fail and
 // outlive their visibility. At the end the queue is drained and the
