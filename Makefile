@@ -33,7 +33,7 @@ schema: ## print the complete SQL script (default names) to stdout
 proxy-schema: ## print the script of a PL/Proxy proxy database over partitions (docs/protocol.md, "Partitions") to stdout
 	@$(GO) run ./internal/cmd/schemasql -proxy
 
-bench: ## the headline, about 3 minutes: claim+ack of both transports against River and the old design, the handler runtimes; table, CSV and SVG chart in $(RESULTS)/
+bench: ## the headline, about 2 minutes: claim+ack of both transports against River and the old design, the handler runtimes; table, CSV and SVG chart in $(RESULTS)/
 	cd bench && $(GO) run . -only '^(commits|claimack|river|runtime)$$' -out $(abspath $(RESULTS))
 
 bench-full: ## every suite (hot group, publish, jobs, claim cost, latency, poison, dedup, worktx, proxy, partitions too), about 8 minutes
