@@ -27,10 +27,9 @@ func ExampleTransport_ClaimWait() {
 	}
 	defer tr.Close()
 
-	handled := make(chan struct{})
+	acked := make(chan struct{})
 	handle := func(group, event string) error {
 		fmt.Println(group, event)
-		handled <- struct{}{}
 		return nil
 	}
 	worker := func(ctx context.Context) error {
@@ -46,6 +45,7 @@ func ExampleTransport_ClaimWait() {
 			if err := tr.Ack(ctx, lease); err != nil && !errors.Is(err, pgtransport.ErrLeaseLost) {
 				return err
 			} // ErrLeaseLost: the lease lapsed and the message comes round again
+			acked <- struct{}{}
 		}
 	}
 
@@ -59,7 +59,7 @@ func ExampleTransport_ClaimWait() {
 		}
 	}
 	for range 3 {
-		<-handled
+		<-acked // stopped only once all three are acked: a message left unacked comes back after its visibility
 	}
 	stop()
 	err = <-stopped

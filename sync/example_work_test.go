@@ -32,7 +32,7 @@ func ExampleTransport_Work() {
 	defer tr.Close()
 
 	for _, event := range []string{"created", "paid", "shipped"} {
-		if _, err := tr.Publish(ctx, "order-42", event, 0); err != nil {
+		if _, err := tr.Publish(ctx, "order-7", event, 0); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -49,8 +49,8 @@ func ExampleTransport_Work() {
 		})
 	fmt.Println("worker stopped:", err)
 	// Output:
-	// order-42 created
-	// order-42 paid
-	// order-42 shipped
+	// order-7 created
+	// order-7 paid
+	// order-7 shipped
 	// worker stopped: <nil>
 }
