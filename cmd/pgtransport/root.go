@@ -113,7 +113,7 @@ func run(ctx context.Context, args []string, e *env) int {
 		// The library's error ends in the server's; say it plainly.
 		msg = fmt.Sprintf("unknown group %q: it has no row (never published to, or drained)", a.group)
 	}
-	if errors.Is(err, pgtransport.ErrSchemaMissing) {
+	if errors.Is(err, pgtransport.ErrSchemaMissing) && !strings.Contains(msg, "migrate apply") {
 		msg += "\n(apply the schema first: pgtransport migrate apply)"
 	}
 	fmt.Fprintf(e.stderr, "pgtransport: %s\n", strings.TrimPrefix(msg, "pgtransport: ")) // the library's errors carry the name too

@@ -604,24 +604,28 @@ func (c *Core) Parking() *Parking { return &c.parking }
 // DB is the database handle c runs on.
 func (c *Core) DB() DBTX { return c.db }
 
-// checkApplied refuses (ErrSchemaMissing) a schema that holds no queue, or
-// one older than this library's (schema.Version), naming the fix: what a
+// checkApplied refuses (ErrSchemaMissing) a schema that holds no queue (nor
+// a proxy's functions), or one older than this library's (schema.Version),
+// naming the fix: what a
 // transport opened with SkipApply finds on open rather than at its first
 // call. A server that cannot be reached gives no answer, and the
 // transport opens (as it always could with SkipApply).
 func checkApplied(ctx context.Context, db DBTX, name string) error {
-	table := pgx.Identifier{"transport_schema_version"}
+	table, proxy := pgx.Identifier{"transport_schema_version"}, pgx.Identifier{"transport_proxy"}
 	where := "the connection's current schema"
 	if name != "" {
-		table = pgx.Identifier{name, "transport_schema_version"}
+		table, proxy = pgx.Identifier{name, "transport_schema_version"}, pgx.Identifier{name, "transport_proxy"}
 		where = fmt.Sprintf("schema %q", name)
 	}
-	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table.Sanitize()).Scan(&exists); err != nil {
+	var exists, isProxy bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`, table.Sanitize(), proxy.Sanitize()).Scan(&exists, &isProxy); err != nil {
 		if _, answered := errors.AsType[*pgconn.PgError](err); answered {
 			return mapErr("check the schema", err)
 		}
 		return nil
+	}
+	if isProxy {
+		return nil // a PL/Proxy proxy's schema (schema.ApplyProxy): it checks its partitions' version itself
 	}
 	if !exists {
 		return fmt.Errorf("open: %w: no queue in %s: apply the schema first, as its owner (pgtransport migrate apply, or schema.Apply), or open without Config.SkipApply",
