@@ -38,10 +38,11 @@ func (cl *Cluster) DeadLetters(ctx context.Context, q pgtransport.DeadLetterQuer
 	if c := cl.one(); c != nil {
 		return c.DeadLetters(ctx, q)
 	}
+	parts := cl.all()
 	if q.Group != "" {
-		return cl.parts[cl.Home(q.Group)].DeadLetters(ctx, q)
+		parts = cl.groupParts(q.Group)
 	}
-	pages, err := gather(cl.all(), func(i int) ([]pgtransport.DeadLetter, error) { return cl.parts[i].DeadLetters(ctx, q) })
+	pages, err := gather(parts, func(i int) ([]pgtransport.DeadLetter, error) { return cl.parts[i].DeadLetters(ctx, q) })
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +73,8 @@ func (cl *Cluster) PurgeDeadLetters(ctx context.Context, f pgtransport.DeadLette
 func (cl *Cluster) deadLetterCall(f pgtransport.DeadLetterFilter, call func(int, pgtransport.DeadLetterFilter) (int64, error)) (int64, error) {
 	switch {
 	case f.Group != "":
-		return call(cl.Home(f.Group), f)
+		ns, err := gather(cl.groupParts(f.Group), func(i int) (int64, error) { return call(i, f) })
+		return sum(ns), err
 	case f.Seqs == nil:
 		ns, err := gather(cl.all(), func(i int) (int64, error) { return call(i, f) })
 		return sum(ns), err
@@ -211,4 +213,14 @@ func groupOrder(o pgtransport.GroupOrder, rank map[string]int) func(a, b pgtrans
 		}
 		return cmp.Or(c, cmp.Compare(rank[a.Group], rank[b.Group]))
 	}
+}
+
+// groupParts is the partitions that may hold group's dead letters: its
+// Home, and while the cluster grows and the group moves, its old home
+// too, where its dead letters keep it until they are redriven or purged.
+func (cl *Cluster) groupParts(group string) []int {
+	if cl.Moves(group) {
+		return []int{cl.first(group), cl.Home(group)}
+	}
+	return []int{cl.Home(group)}
 }

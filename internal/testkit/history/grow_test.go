@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matryer/is"
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
 	"github.com/pgtransport/pgtransport/internal/cluster"
@@ -263,4 +264,53 @@ func TestClusterGrows(t *testing.T) {
 	if err != nil || int(seq&3) != int(cluster.Hashtext(paused)&3) {
 		t.Fatalf("after the growth ended, %s was published as %d (%v), not in its home %d", paused, seq, err, cluster.Hashtext(paused)&3)
 	}
+}
+
+// TestGrowDeadLettersByGroup: while the cluster grows, a moving group's
+// dead letters stay in its old partition (they keep it there), and the
+// calls that name the group find them: DeadLetters lists them, Redrive
+// puts them back (drained in place), PurgeDeadLetters deletes them.
+func TestGrowDeadLettersByGroup(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	p := pgtest.Growable(t, 2)
+	ctx := pgtest.Context(t)
+	cfg := pgtransport.Config{SkipApply: true, Policy: &pgtransport.Policy{MaxAttempts: 1}, Logger: slog.New(slog.DiscardHandler)}
+	old, err := pgsync.NewCluster(ctx, p.Parts, cfg)
+	is.NoErr(err)
+	defer old.Close()
+	var moving []string
+	for i := 0; len(moving) < 2; i++ {
+		if g := fmt.Sprintf("dl-%d", i); cluster.Hashtext(g)&1 != cluster.Hashtext(g)&3 {
+			moving = append(moving, g)
+		}
+	}
+	for _, g := range moving { // each gets a dead letter in its old home
+		_, err := old.Publish(ctx, g, "poison", 0)
+		is.NoErr(err)
+		l, err := old.Claim(ctx, "w", time.Minute, 0)
+		is.NoErr(err)
+		is.NoErr(old.Fail(ctx, l, errors.New("dead")))
+	}
+	n, err := p.Grow(ctx)
+	is.NoErr(err)
+	is.Equal(n, 4)
+	grown, err := pgsync.NewCluster(ctx, p.Parts, cfg)
+	is.NoErr(err)
+	defer grown.Close()
+	for _, g := range moving {
+		ds, err := grown.DeadLetters(ctx, pgtransport.DeadLetterQuery{Group: g})
+		is.NoErr(err)
+		is.Equal(len(ds), 1) // found in the old home, where it kept its group
+	}
+	redriven, err := grown.Redrive(ctx, pgtransport.DeadLetterFilter{Group: moving[0]})
+	is.NoErr(err)
+	is.Equal(redriven, int64(1)) // put back, in place
+	l, err := grown.Claim(ctx, "w", time.Minute, 0)
+	is.NoErr(err)
+	is.Equal(l.Group, moving[0])
+	is.NoErr(grown.Ack(ctx, l))
+	purged, err := grown.PurgeDeadLetters(ctx, pgtransport.DeadLetterFilter{Group: moving[1]})
+	is.NoErr(err)
+	is.Equal(purged, int64(1)) // deleted where it was
 }
