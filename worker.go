@@ -122,8 +122,10 @@ func (e *DeadLetterError) Unwrap() error { return e.Cause }
 // and parks the message's group for d: the message stays its head and is
 // handed out again (to any worker) once d has passed, with the attempt
 // number it had; the group's other messages wait behind it, in order. d
-// of 0 frees the group at once. A negative d is refused (ErrInvalidDelay)
-// and the lease left to lapse. A Fail given Snooze(d) does the same. Use
+// of 0 frees the group at once. A Fail given Snooze(d) does the same, and
+// refuses a negative d (ErrInvalidDelay, nothing changed); a runtime then
+// fails the message as an ordinary error. Wrapped in DeadLetterNow, or
+// wrapping it, the outermost of the two decides. Use
 // it for a message that cannot be handled yet (a resource not ready, a
 // rate limit): unlike a returned error, it burns no attempt.
 func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }

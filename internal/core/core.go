@@ -337,18 +337,17 @@ func (c *Core) fail(ctx context.Context, l *pgtransport.Lease, cause error) (Fai
 		return "", fmt.Errorf("fail: %w", err)
 	}
 	var (
-		out    *string
-		err    error
-		snooze *pgtransport.SnoozeError
-		bury   *pgtransport.DeadLetterError
+		out *string
+		err error
 	)
+	snooze, bury := verdict(cause)
 	switch {
-	case errors.As(cause, &snooze):
-		if snooze.Delay < 0 {
-			return "", fmt.Errorf("fail: snooze: %w: %v", pgtransport.ErrInvalidDelay, snooze.Delay)
+	case snooze != nil:
+		if err := checkDelay(snooze.Delay); err != nil {
+			return "", fmt.Errorf("fail: snooze: %w", err)
 		}
 		out, err = c.fenceOutcome(ctx, c.q.snooze, FailSnoozed, l, snooze.Delay.Seconds())
-	case errors.As(cause, &bury):
+	case bury != nil:
 		out, err = c.fenceOutcome(ctx, c.q.deadLetter, FailBuried, l, CauseText(bury.Cause))
 	default:
 		err = c.db.QueryRow(ctx, c.q.fail, c.now(), l.Group, l.Seq, l.Token, CauseText(cause)).Scan(&out)
@@ -364,6 +363,31 @@ func (c *Core) fail(ctx context.Context, l *pgtransport.Lease, cause error) (Fai
 		return "", err
 	}
 	return FailOutcome(*out), nil
+}
+
+// verdict is what a Fail's cause asks for: pgtransport.Snooze's or
+// DeadLetterNow's error, the outermost of the two in cause's chain (so
+// DeadLetterNow(Snooze(d)) dead-letters); both nil for a plain error.
+func verdict(cause error) (*pgtransport.SnoozeError, *pgtransport.DeadLetterError) {
+	for e := cause; e != nil; e = errors.Unwrap(e) {
+		switch v := e.(type) {
+		case *pgtransport.SnoozeError:
+			return v, nil
+		case *pgtransport.DeadLetterError:
+			return nil, v
+		}
+	}
+	var (
+		snooze *pgtransport.SnoozeError
+		bury   *pgtransport.DeadLetterError
+	)
+	if errors.As(cause, &snooze) { // in a joined error: as errors.As finds it
+		return snooze, nil
+	}
+	if errors.As(cause, &bury) {
+		return nil, bury
+	}
+	return nil, nil
 }
 
 // fenceOutcome runs sql, a fenced settle of l's message answering whether

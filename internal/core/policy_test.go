@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +171,20 @@ func TestSetPolicy(t *testing.T) {
 	err = c.SetPolicy(ctx, pgtransport.Policy{StateRetention: pgtransport.MaxStateRetention + time.Second})
 	is.True(errors.Is(err, pgtransport.ErrInvalidConfig))   // over the bound
 	is.Equal(stored(), policy{0, "dead_letter", 1, 60, 90}) // nothing written
+}
+
+// TestVerdict: a Fail's cause asks for a snooze or an immediate dead
+// letter by the outermost of the two wrappers in its chain; a plain error
+// asks for neither.
+func TestVerdict(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	s, b := verdict(errors.New("plain"))
+	is.True(s == nil && b == nil)
+	s, b = verdict(pgtransport.DeadLetterNow(pgtransport.Snooze(time.Second)))
+	is.True(s == nil && b != nil) // the outer dead letter wins
+	s, b = verdict(fmt.Errorf("wrapped: %w", pgtransport.Snooze(time.Second)))
+	is.True(s != nil && b == nil && s.Delay == time.Second) // found through a wrap
+	s, b = verdict(errors.Join(errors.New("x"), pgtransport.DeadLetterNow(nil)))
+	is.True(s == nil && b != nil) // and in a joined error
 }

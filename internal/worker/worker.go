@@ -371,7 +371,13 @@ func (r *runtime) handle(l *pgtransport.Lease) (*pgtransport.Lease, <-chan error
 // it (a dead letter, a stopped group) and a lost lease, and tells the
 // observer.
 func (r *runtime) fail(ctx context.Context, l *pgtransport.Lease, cause error) {
-	if ferr := r.feed.Fail(ctx, l, cause); ferr != nil && !errors.Is(ferr, pgtransport.ErrLeaseLost) {
+	ferr := r.feed.Fail(ctx, l, cause)
+	if errors.Is(ferr, pgtransport.ErrInvalidDelay) {
+		// A handler's Snooze with a negative delay: failed as an error
+		// instead, so the attempt ends now rather than its lease lapsing.
+		ferr = r.feed.Fail(ctx, l, fmt.Errorf("%v: a negative delay, failed as an error", cause))
+	}
+	if ferr != nil && !errors.Is(ferr, pgtransport.ErrLeaseLost) {
 		r.log.Warn("pgtransport: fail failed; the lease will lapse and the message be handled again",
 			"worker", r.cfg.WorkerID, "group", l.Group, "seq", l.Seq, "err", ferr, "cause", cause)
 	}

@@ -47,6 +47,7 @@ var cases = []testCase{
 	{"PanicFails", panicFails, nil},
 	{"DeadLetterNowBuriesAtOnce", deadLetterNowBuriesAtOnce, nil},
 	{"SnoozeParksUncounted", snoozeParksUncounted, nil},
+	{"NegativeSnoozeFails", negativeSnoozeFails, nil},
 	{"BoundedConcurrency", boundedConcurrency, nil},
 	{"HeartbeatKeepsLease", heartbeatKeepsLease, nil},
 	{"LostLeaseCancels", lostLeaseCancels, nil},
@@ -297,6 +298,27 @@ func snoozeParksUncounted(is *is.I, e *env) {
 	e.waitFor("the acks", func() bool { return e.count(`SELECT count(*) FROM transport_messages`) == 0 })
 	is.NoErr(stop())
 	is.Equal(e.count(`SELECT count(*) FROM transport_dead_letters`), 0) // never dead-lettered
+}
+
+// negativeSnoozeFails: a handler's Snooze with a negative delay is a bug
+// of the handler's: its message is failed as an ordinary error (retried
+// after the backoff, its attempt counted), not left to lapse.
+func negativeSnoozeFails(is *is.I, e *env) {
+	e.maxAttempts(2)
+	e.publish("g", "m")
+	attempts := make(chan int, 4)
+	stop, _ := e.start(pgtransport.WorkerConfig{Concurrency: 1, Visibility: time.Minute}, func(ctx context.Context, l *pgtransport.Lease) error {
+		attempts <- l.Attempt
+		return pgtransport.Snooze(-time.Second)
+	})
+	is.Equal(wait(e, attempts, 20*time.Second, "attempt 1"), 1)
+	is.Equal(wait(e, attempts, 20*time.Second, "attempt 2"), 2) // failed and retried at once, not after the minute's visibility
+	e.waitFor("the dead letter", func() bool { return e.count(`SELECT count(*) FROM transport_dead_letters`) == 1 })
+	is.NoErr(stop())
+	dead, err := e.c.DeadLetters(e.ctx(), pgtransport.DeadLetterQuery{})
+	is.NoErr(err)
+	is.Equal(len(dead), 1)
+	is.True(strings.Contains(dead[0].LastError, "a negative delay")) // the cause says why
 }
 
 // panicFails: a panic is recovered, logged with its stack, and fails the
