@@ -220,8 +220,9 @@
 // FromDSN and OpenCluster wait, with backoff, for a server that does not
 // accept connections yet, up to Config.MaxConnectWait. A Stream never
 // drops a lease: it holds at most StreamConfig.MaxInFlight (received and
-// not yet settled, plus those waiting in its channel) and claims only into
-// free slots, so a slow receiver slows the claims.
+// not yet settled, plus those waiting in its channel; over N partitions,
+// at least N: each partition's stream gets one slot or more) and claims
+// only into free slots, so a slow receiver slows the claims.
 //
 // A ctx that ends makes a call return an error that errors.Is ctx's error
 // (context.Canceled, context.DeadlineExceeded); only an async Ack already

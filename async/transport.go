@@ -232,7 +232,10 @@ func OpenCluster(ctx context.Context, proxyDSN string, cfg pgtransport.Config) (
 // Close stops every stream and waits for every goroutine the Transport
 // started. With a server that answers it returns as soon as the calls in
 // flight have (milliseconds); with one that stopped answering, within
-// about twice closeGrace (5 s: the grace, then a give-back's own bound).
+// about twice closeGrace (5 s: the grace, then a give-back's own bound),
+// but for a ClaimWait over partitions whose claim is out to a partition
+// that stopped answering: that claim's own bound (30 s) and a give-back's
+// (5 s).
 // Leases a stream had claimed
 // but not yet handed to its receiver are given back at once (free, first
 // in line, not counted as an attempt), so they are not held until their visibility runs out; leases

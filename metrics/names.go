@@ -66,7 +66,8 @@ const (
 	// ErrorType).
 	AttrErrorType = "error.type"
 	// AttrOutcome is pgtransport.outcome: what a Fail did (retry, dead,
-	// stopped: pgtransport.OutcomeRetry, OutcomeDead, OutcomeStopped).
+	// stopped, snoozed: pgtransport.OutcomeRetry, OutcomeDead,
+	// OutcomeStopped, OutcomeSnoozed).
 	AttrOutcome = "pgtransport.outcome"
 	// AttrPriority is pgtransport.priority, an int
 	// (pgtransport.MinPriority..MaxPriority).

@@ -317,8 +317,8 @@ func (o *Observer) options() {
 	o.failErrOpts = o.addTable(name(opFail))
 	o.lostOpts = addOpt(o.set())
 	o.deadOpts = addOpt(o.set())
-	o.failOpts = make(map[string][]metric.AddOption, 3)
-	for _, out := range []string{pgtransport.OutcomeRetry, pgtransport.OutcomeDead, pgtransport.OutcomeStopped} {
+	o.failOpts = make(map[string][]metric.AddOption, 4)
+	for _, out := range []string{pgtransport.OutcomeRetry, pgtransport.OutcomeDead, pgtransport.OutcomeStopped, pgtransport.OutcomeSnoozed} {
 		o.failOpts[out] = o.outcomeOpt(out)
 	}
 

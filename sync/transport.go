@@ -21,9 +21,10 @@ type DBTX = core.DBTX
 // Transport is the blocking transport over a queue of N >= 1 partitions:
 // one database (New, FromDSN), or the databases a PL/Proxy proxy routes
 // over, reached directly (NewCluster, OpenCluster; docs/partitions.md).
-// It is safe for concurrent use when its DBTX is (a pool is). It starts
-// no goroutine on one database; over partitions, only ClaimWait, Work and
-// the calls that span partitions do, and they end before the call returns
+// It is safe for concurrent use when its DBTX is (a pool is). On one
+// database only Work and WorkTx start goroutines (their handler slots),
+// and they end before Work returns; over partitions ClaimWait and the
+// calls that span partitions do too, and they end before the call returns
 // (or, for ClaimWait's waits, by Close).
 //
 // A group lives on one partition (Home), so its order, its one holder and

@@ -117,6 +117,10 @@ func (cl *Cluster) ClaimWait(ctx context.Context, workerID string, visibility ti
 	)
 	for _, i := range cl.rotation() {
 		l, err := cl.parts[i].Claim(ctx, workerID, visibility, minPriority)
+		if l != nil && cl.parts[i].Parking().Closed() { // Close began meanwhile: the lease goes back, as on one database
+			cl.parts[i].GiveBack(ctx, l)
+			return nil, fmt.Errorf("claim: %w", pgtransport.ErrClosed)
+		}
 		if l != nil {
 			return l, nil
 		}

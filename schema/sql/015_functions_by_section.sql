@@ -1,4 +1,4 @@
--- 015_functions_by_section.sql: no table changes. Two things take effect
+-- 015_functions_by_section.sql: no table changes. Three things take effect
 -- at this version:
 -- * the functions, in one file (functions.sql) since version 8, are now
 --   one file per section (functions/NN_<section>.sql, applied in name
@@ -6,6 +6,9 @@
 --   once, in a helper of 15_checks.sql (harel_refuse_skew,
 --   harel_refuse_lease, ...): same messages, codes and hints. tables.sql
 --   shows what the numbered steps add up to.
+-- * two new fenced settles: harel_dead_letter (dead-letter the lease's
+--   message now) and harel_snooze (park its group uncounted), in
+--   functions/50_fail.sql.
 -- * on a proxy (proxy.sql, which a proxy takes only at a version change),
 --   transport_messages and transport_groups become views that take the
 --   design's two-INSERT publish and refuse (PT009) every other statement,
