@@ -123,22 +123,38 @@ func (st *Stream) goroutines(t *Transport, visibility time.Duration) []func() {
 // (the point where a partition's stream gives back a lease left in its
 // channel: a receiver must get it with time to handle it), goes back to
 // its partition, not counted as an attempt.
+//
+// After such a give-back the partition's stream holds its claims back
+// (its gate), as after one of its own, until a receiver takes a lease
+// from C: the forwarder's own takes from the partition's channel do not
+// count as a receiver's.
 func (st *Stream) forward(s *stream, visibility time.Duration) {
+	stalled := false // the last lease waited out its due time unreceived
 	for l := range s.C() {
+		if stalled {
+			s.regate()
+		}
 		due := time.NewTimer(time.Until(l.Expiry.Add(-visibility / 2)))
+		overdue := false
 		select {
 		case st.out <- l:
 			due.Stop()
+			stalled = false
 			continue
 		case <-st.stop:
 		case <-s.done:
 		case <-due.C:
+			overdue = true
 		}
 		due.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = s.p.core.Release(ctx, l)
 		cancel()
 		s.p.forget(l)
+		if overdue {
+			s.heldBack()
+			stalled = true
+		}
 	}
 }
 

@@ -244,6 +244,26 @@ func (s *stream) extend(l, next *pgtransport.Lease, until time.Time) bool {
 	return s.ledger.extend(keyOf(l), next, until)
 }
 
+// heldBack records that a lease this stream handed to a merged Stream's
+// forwarder waited there, unreceived, for half its visibility and was
+// given back (and forgotten): as giveBackStale's give-back, it shuts the
+// gate, so the stream claims no more until a receiver shows it is at work.
+func (s *stream) heldBack() {
+	s.mu.Lock()
+	s.gate.close(time.Now(), len(s.out), s.ledger.gone, min(s.t.cfg.IdleSweep, s.cfg.Visibility/2))
+	s.mu.Unlock()
+}
+
+// regate records that the forwarder, not a receiver, took a lease out of
+// C while the gate is shut: C's shorter length is no sign of a receiver.
+func (s *stream) regate() {
+	s.mu.Lock()
+	if s.gate.shut {
+		s.gate.inC = len(s.out)
+	}
+	s.mu.Unlock()
+}
+
 // poke wakes the loop: acks are queued or a slot came free. Coalesced: the
 // loop reads the state afresh whenever it wakes.
 func (s *stream) poke() {
