@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS transport_proxy (
 
 -- proxy.sql
 -- proxy.sql: the protocol on a PL/Proxy proxy database, over a queue
--- spread on N partition databases (issue 18). Applied by schema.ApplyProxy
+-- spread on N partition databases (docs/protocol.md, "Partitions"). Applied by schema.ApplyProxy
 -- (or loaded with psql like the main script, after the prelude), never by
 -- Apply: a proxy holds no queue of its own.
 --
