@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/pprof"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,14 +51,16 @@ var (
 
 func main() {
 	var (
-		long  = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
-		out   = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only  = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, proxy, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
-		prof  = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
-		sust  = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
-		hold  = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
-		fresh = flag.Bool("cluster", false, "with -sustained: run on a throwaway cluster with autovacuum on (production-like) instead of the test server")
-		cases = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
+		long     = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
+		out      = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
+		only     = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, proxy, hotgroup, publish, jobs, claimcost, latency, poison, dedup; stats only when named: it loads 10M messages)")
+		prof     = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
+		sust     = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
+		hold     = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
+		inflight = flag.Int("inflight", 64, "with -sustained: the stream's leases in flight (and handlers)")
+		noVac    = flag.Bool("novacuum", false, "with -sustained on the test server (autovacuum off): nothing vacuums the tables")
+		fresh    = flag.Bool("cluster", false, "with -sustained: run on a throwaway cluster with autovacuum on (production-like) instead of the test server")
+		cases    = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
 	flag.Parse()
 	s := quick
@@ -84,7 +87,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	if *sust > 0 {
-		if err := sustained(context.Background(), *sust, *hold, *fresh); err != nil {
+		if err := sustained(context.Background(), *sust, *hold, *fresh, *inflight, *noVac); err != nil {
 			pgtest.Shutdown()
 			fail(err)
 		}
@@ -122,6 +125,16 @@ type result struct {
 	unit                   string // "msgs/s" or "ms"
 	runs                   []float64
 	cpu                    []float64 // machine CPU microseconds per message, per run; empty where unknown
+	hot                    float64   // the HOT share of the runs' group-row updates, where hotOK
+	hotOK                  bool
+}
+
+// hotFigure is the HOT share in percent, or "-".
+func (res result) hotFigure() string {
+	if !res.hotOK {
+		return "-"
+	}
+	return strconv.FormatFloat(100*res.hot, 'f', 1, 64) + "%"
 }
 
 // addCPU records a run's CPU cost; 0 (unknown) drops the column.

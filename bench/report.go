@@ -86,7 +86,8 @@ func (r *runner) table() string {
 		b.WriteString("\n### Claim+ack throughput (msgs/s; River: jobs/s)\n\n")
 		b.WriteString("River has no per-group order and no one-holder-per-group: it is the queue users would pick instead, not the same contract.\n\n")
 		b.WriteString("CPU: the whole machine's busy time (client, server, kernel) per message, in microseconds; 2 cores give 2,000,000 a second, so a run with CPU x msgs/s near that is CPU-bound.\n\n")
-		b.WriteString("| system | workers | groups | msgs/s | CPU µs/msg | vs River | vs baseline |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("HOT: the share of the runs' group-row updates that were HOT (written in place, no index entry; pg_stat_user_tables).\n\n")
+		b.WriteString("| system | workers | groups | msgs/s | CPU µs/msg | HOT | vs River | vs baseline |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, res := range r.results {
 			if res.suite != "claimack" {
 				continue
@@ -97,7 +98,7 @@ func (r *runner) table() string {
 			}
 			river, rok := r.find("claimack", "river", "", res.workers, 0)
 			base, bok := r.find("claimack", "baseline", "", res.workers, res.groups)
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s |\n", res.system, res.workers, groups, figure(res), res.cpuFigure(),
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", res.system, res.workers, groups, figure(res), res.cpuFigure(), res.hotFigure(),
 				ratio(res, river, rok && res.system != "river"), ratio(res, base, bok && res.system != "baseline" && res.system != "river"))
 		}
 		b.WriteString("\nbaseline: the design this project replaced, every claim serialized behind one global pg_advisory_xact_lock.\n")

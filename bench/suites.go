@@ -54,7 +54,16 @@ func (r *runner) drainRuns(ctx context.Context, suite, system string, w, g int) 
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	defer d.close()
+	closed := false
+	defer func() {
+		if !closed {
+			d.close()
+		}
+	}()
+	before, err := groupUpdates(ctx, db, false)
+	if err != nil {
+		return err
+	}
 	for run := range r.s.runs {
 		r.progress("%-10s %-9s workers=%-4d groups=%-6d run %d/%d", suite, system, w, g, run+1, r.s.runs)
 		rate, cpu, err := r.drainOnce(ctx, d, db, w, g)
@@ -64,8 +73,47 @@ func (r *runner) drainRuns(ctx context.Context, suite, system string, w, g int) 
 		res.runs = append(res.runs, rate)
 		res.addCPU(cpu)
 	}
+	d.close()
+	closed = true
+	after, err := groupUpdates(ctx, db, true)
+	if err != nil {
+		return err
+	}
+	if n := after.upd - before.upd; n > 0 {
+		res.hot, res.hotOK = float64(after.hot-before.hot)/float64(n), true
+	}
 	r.add(res)
 	return nil
+}
+
+// updates counts the updates of a queue's transport_groups and how many of
+// them were HOT (pg_stat_user_tables).
+type updates struct{ upd, hot int64 }
+
+// groupUpdates reads db's group-row update counts. With flush, it first
+// closes the pool's idle connections, whose backends report their counts
+// as they exit (an idle backend may hold them for 10 s), and reads until
+// two reads 200 ms apart agree.
+func groupUpdates(ctx context.Context, db *pgtest.DB, flush bool) (updates, error) {
+	if flush {
+		db.Pool.Reset()
+	}
+	read := func() (updates, error) {
+		var u updates
+		err := db.Pool.QueryRow(ctx, `SELECT COALESCE(sum(n_tup_upd), 0)::bigint, COALESCE(sum(n_tup_hot_upd), 0)::bigint
+			  FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'transport_groups'`, db.Schema).Scan(&u.upd, &u.hot)
+		return u, err
+	}
+	last, err := read()
+	for i := 0; flush && err == nil && i < 25; i++ {
+		time.Sleep(200 * time.Millisecond)
+		var u updates
+		if u, err = read(); err == nil && u == last {
+			break
+		}
+		last = u
+	}
+	return last, err
 }
 
 // drainOnce returns msgs/s and the machine's CPU microseconds per message

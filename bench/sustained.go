@@ -25,9 +25,19 @@ import (
 // message. BENCH_EXPLAIN=1 (for looking into a run) adds, at each minute,
 // the plan and buffers of one claim of 64, the claim's floors, and the
 // index entries each index has returned so far.
-func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
-	const workers, groups, backlog = 64, 10_000, 40_000
+//
+// workers is the stream's in-flight leases (and handler goroutines); with
+// noVacuum on the test server nothing vacuums the tables (the tables must
+// stay small by themselves: HOT updates pruned in place). Every 10 s it
+// prints the rate, the groups table's size and the HOT share of its
+// updates so far.
+func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers int, noVacuum bool) error {
+	const groups, backlog = 10_000, 40_000
 	cfg := pgtransport.Config{Async: pgtransport.AsyncConfig{Vacuum: 10 * time.Second}} // this machine's server runs with autovacuum off
+	if noVacuum {
+		cfg.Async.Vacuum = 0
+		fmt.Println("nothing vacuums the tables")
+	}
 	serverCPU := func() (time.Duration, error) { return 0, nil }
 	if fresh {
 		c, err := pgtest.StartCluster()
@@ -40,7 +50,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 		cfg.Async.Vacuum = 0 // autovacuum is on, at its defaults
 		fmt.Println("a throwaway cluster, autovacuum on at its defaults")
 	}
-	db, err := pgtest.Open(workers + 8)
+	db, err := pgtest.Open(int32(min(workers, 64)) + 8)
 	if err != nil {
 		return err
 	}
@@ -87,11 +97,9 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 			}
 			rows.Close()
 			var dbg string
-			_ = tx.QueryRow(context.Background(), `SELECT format('floors: new %s free %s s ago held %s s ago; free rows %s, oldest %s s ago, new %s (min arrival %s); held ended %s',
-				(SELECT last_value FROM transport_claim_new), round((extract(epoch from now()) - (SELECT last_value FROM transport_claim_floor)/1000.0)::numeric, 1),
-				round((extract(epoch from now()) - (SELECT last_value FROM transport_claim_held)/1000.0)::numeric, 1),
-				count(*) FILTER (WHERE locked_by IS NULL), round((extract(epoch from now()) - min(lock_expiry) FILTER (WHERE locked_by IS NULL))::numeric, 1),
-				count(*) FILTER (WHERE locked_by IS NULL AND lock_expiry IS NULL), min(arrival) FILTER (WHERE locked_by IS NULL AND lock_expiry IS NULL),
+			_ = tx.QueryRow(context.Background(), `SELECT format('cursor %s; free rows %s, held %s, held ended %s',
+				(SELECT last_value FROM transport_claim_cursor),
+				count(*) FILTER (WHERE locked_by IS NULL), count(*) FILTER (WHERE locked_by <> '' AND lock_expiry >= extract(epoch from now())),
 				count(*) FILTER (WHERE locked_by <> '' AND lock_expiry < extract(epoch from now())))
 				FROM transport_groups`).Scan(&dbg)
 			fmt.Printf("    claim of 64: %s\n    %s\n", strings.Join(plan, " | "), dbg)
@@ -179,6 +187,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 			}
 		}()
 	}
+	start := time.Now()
 	sampled := make(chan struct{})
 	defer func() { cancel(); <-sampled }()
 	go func() { // 10-second samples, to see the shape within a minute
@@ -190,14 +199,17 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool) error {
 			select {
 			case <-t.C:
 				n := acked.Load()
-				fmt.Fprintf(os.Stderr, "  %.0f msgs/s\n", float64(n-last)/10)
+				var size, upd, hot int64
+				_ = db.Pool.QueryRow(ctx, `SELECT pg_total_relation_size('transport_groups'), n_tup_upd, n_tup_hot_upd
+					FROM pg_stat_user_tables WHERE relid = 'transport_groups'::regclass`).Scan(&size, &upd, &hot)
+				fmt.Fprintf(os.Stderr, "  [%s] %.0f msgs/s; transport_groups %d kB, %.1f%% of %d updates HOT\n",
+					time.Since(start).Round(time.Second), float64(n-last)/10, size/1024, 100*float64(hot)/float64(max(upd, 1)), upd)
 				last = n
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
-	start := time.Now()
 	var perMinute []int64
 	last := int64(0)
 	lastCPU, err := serverCPU()
