@@ -311,8 +311,9 @@ type Config struct {
 	// IdleSweep bounds how long an idle async consumer sleeps without
 	// looking for work: the fallback for work no notification announces (a
 	// group freed with messages left by another process, a park set by
-	// another process while the consumer slept, a notification lost while
-	// the listener reconnected). 0 means DefaultIdleSweep.
+	// another process while the consumer slept, a lease whose holder went
+	// away, a notification lost while the listener reconnected). 0 means
+	// DefaultIdleSweep.
 	IdleSweep time.Duration
 
 	// MaxKeep bounds how many messages of one group a lease may take in a

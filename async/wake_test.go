@@ -176,19 +176,23 @@ func TestSchemasDoNotWakeEachOther(t *testing.T) {
 }
 
 // TestExpiryWakes: parked groups and abandoned leases send no notification;
-// an idle stream still takes them as soon as their lock_expiry passes.
+// an idle stream still takes a parked group as soon as its park ends (the
+// park's end is in the due index, which harel_wait reads) and an
+// abandoned lease at its next idle sweep after the lease's end (no index
+// holds a lease's end: see "The sweep" in schema/sql/functions/30_claim.sql).
 func TestExpiryWakes(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		park bool // nack with a delay; else the holder just goes away
+		name  string
+		park  bool // nack with a delay; else the holder just goes away
+		sweep time.Duration
 	}{
-		{"LeaseAbandoned", false},
-		{"NackParks", true},
+		{"LeaseAbandoned", false, 300 * time.Millisecond},
+		{"NackParks", true, noSweep},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			is := is.New(t)
-			tr, st, db := setup(t, pgtransport.Config{IdleSweep: noSweep})
+			tr, st, db := setup(t, pgtransport.Config{IdleSweep: tc.sweep})
 			_, err := st.Publish(ctx(t), "g", "e", 0)
 			is.NoErr(err)
 			l, err := st.Claim(ctx(t), "gone", pgtransport.MinVisibility, 0)

@@ -51,59 +51,50 @@ ALTER TABLE transport_messages
 CREATE INDEX transport_messages_group
     ON transport_messages (group_id, seq);
 
--- Never-served groups are claimed in the order they arrived. (012)
-CREATE SEQUENCE transport_groups_arrival AS BIGINT;
+-- A group row's place in the claims' sweep, numbered when the row is
+-- created, through 2^20 values and round again; and the slot the next
+-- claim starts from (functions/30_claim.sql, "The sweep"). (016)
+CREATE SEQUENCE transport_groups_slot AS INT MINVALUE 0 MAXVALUE 1048575 START 0 CYCLE;
+CREATE SEQUENCE transport_claim_cursor AS INT MINVALUE 0 MAXVALUE 1048576 START 0;
 
 -- One row per group that has messages (or is paused): who holds it, until
--- when, and what a claim handed out. Every claim and ack rewrites a row.
--- (001, 005, 010, 011, 012)
+-- when, and what a claim handed out. Claims, acks and extends rewrite a
+-- row in its columns that no index holds, so in place (HOT). (001, 005,
+-- 010, 011, 012, 016)
 CREATE TABLE transport_groups (
     group_id      TEXT PRIMARY KEY,
     locked_by     TEXT,              -- the lease token while leased or parked by a nack;
                                      -- '' while failed (backoff) or stopped; NULL: free
     lock_expiry   DOUBLE PRECISION,  -- when the lease, park or backoff ends ('Infinity': stopped);
-                                     -- a free row's place in the round-robin; NULL = never claimed
+                                     -- when a free row was freed; NULL = never claimed
     priority      INT NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 4),
     delivered_seq BIGINT,            -- the message the claim handed out (010)
     attempts      INT NOT NULL DEFAULT 0,  -- how many times it was handed out (010)
     paused        BOOLEAN NOT NULL DEFAULT false,  -- never claimed while true (011)
     leased_at     DOUBLE PRECISION,  -- when the holder was handed what it holds (011)
     state         BYTEA,             -- the group's exactly-once state; NULL: none (012)
-    arrival       BIGINT DEFAULT nextval('transport_groups_arrival')  -- order among the never-served (012)
+    slot          INT NOT NULL DEFAULT nextval('transport_groups_slot'),  -- its place in the sweep, never rewritten (016)
+    retry_at      DOUBLE PRECISION   -- due before the sweep from then (a retry, a park, a give-back); NULL: not (016)
 ) WITH (
     -- Small and hot: vacuumed after a fixed number of dead rows, not a
-    -- fraction of a table that is mostly churn, and never throttled; room
-    -- in each page, so a rewritten row usually stays in its page. (005)
-    fillfactor = 70,
+    -- fraction of a table that is mostly churn, and never throttled (005);
+    -- room in each page for all its rows to be rewritten in one
+    -- transaction, so a batch claim's updates stay in their pages (HOT). (016)
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_cost_delay = 0,
-    autovacuum_analyze_scale_factor = 0.05);
--- Failed groups waiting out their backoff, by when it ends: served before
--- the round-robin. (010)
-CREATE INDEX transport_groups_retry
-    ON transport_groups (lock_expiry) WHERE locked_by = '';
+    autovacuum_analyze_scale_factor = 0.05,
+    fillfactor = 30);
+-- The sweep, in slot order. (016)
+CREATE INDEX transport_groups_sweep
+    ON transport_groups (slot);
+-- Groups due before the sweep, by when: written by the settles that park
+-- or give back, never by a claim or an ack that succeeds. (016)
+CREATE INDEX transport_groups_due
+    ON transport_groups (retry_at) WHERE retry_at IS NOT NULL;
 -- Paused groups, for the operator's counts. (011)
 CREATE INDEX transport_groups_paused
     ON transport_groups (group_id) WHERE paused;
--- The round-robin, split by holder: free rows in the order a claim takes
--- them (never served first, by arrival), and held rows by when they lapse.
--- The held rows' predicate is locked_by > '', which the fences' locked_by
--- <> '' does not imply, so the planner never takes it for theirs. (012)
-CREATE INDEX transport_groups_free
-    ON transport_groups ((COALESCE(lock_expiry, 0)), (COALESCE(arrival, 0)), group_id) WHERE locked_by IS NULL;
-CREATE INDEX transport_groups_held
-    ON transport_groups (lock_expiry, group_id) WHERE locked_by > '';
-
--- Where a claim starts its walks: the never-served rows' floor (an
--- arrival), and in epoch milliseconds the free rows' floor, the held rows'
--- floor, and when a claim last walked them all from the front. Sequences,
--- not a row, so reading one does not slow down while an old snapshot keeps
--- vacuum from removing row versions. (012)
-CREATE SEQUENCE transport_claim_new AS BIGINT MINVALUE 0 START 0;
-CREATE SEQUENCE transport_claim_floor AS BIGINT MINVALUE 0 START 0;
-CREATE SEQUENCE transport_claim_held AS BIGINT MINVALUE 0 START 0;
-CREATE SEQUENCE transport_claim_sweep AS BIGINT MINVALUE 0 START 0;
 
 -- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or
 -- above min_priority, until a time they refresh while idle. (003, 005)

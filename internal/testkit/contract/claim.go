@@ -23,7 +23,6 @@ var claimCases = []testCase{
 	{"RoundRobinServesNeverServedGroupFirst", roundRobinServesNeverServedGroupFirst},
 	{"NeverServedGroupsInArrivalOrder", neverServedGroupsInArrivalOrder},
 	{"EndedLeaseKeepsItsPlaceInRoundRobin", endedLeaseKeepsItsPlaceInRoundRobin},
-	{"ClaimFindsRowsBelowItsFloors", claimFindsRowsBelowItsFloors},
 	{"RoundRobinRotatesThroughManyGroups", roundRobinRotatesThroughManyGroups},
 	{"PriorityFloor", priorityFloor},
 	{"ClaimManyLeasesDistinctGroups", claimManyLeasesDistinctGroups},
@@ -81,10 +80,10 @@ func neverServedGroupsInArrivalOrder(is *is.I, e *env) {
 	is.Equal(e.claim("w", 0).Group, m)
 }
 
-// endedLeaseKeepsItsPlaceInRoundRobin: a lease that ended waits its turn
-// among the free groups by its end (free rows and held rows have an index
-// each since version 12; the claim merges them by key), one lease at a
-// time or in a batch.
+// endedLeaseKeepsItsPlaceInRoundRobin: a lease that ended is claimable
+// again at its group's place in the sweep (see "The sweep" in
+// schema/sql/functions/30_claim.sql), among groups freed before and after
+// it, one lease at a time or in a batch.
 func endedLeaseKeepsItsPlaceInRoundRobin(is *is.I, e *env) {
 	gs := e.local("early", "lapsed", "late", "last")
 	early, lapsed, late, last := gs[0], gs[1], gs[2], gs[3]
@@ -96,54 +95,24 @@ func endedLeaseKeepsItsPlaceInRoundRobin(is *is.I, e *env) {
 		l := e.claim("w", 0)
 		is.Equal(l.Group, group)
 		e.clock.Advance(time.Second)
-		e.ack(l) // freed, its key the clock's now
+		e.ack(l)
 	}
-	settle(early) // key t+1
+	settle(early)
 	held := e.claim("w", 0)
 	is.Equal(held.Group, lapsed)
 	is.NoErr(e.tr.Extend(e.ctx(), held, 1500*time.Millisecond)) // ends at t+2.5
-	settle(late)                                                // key t+2
-	settle(last)                                                // key t+3
-	e.clock.Advance(time.Second)                                // t+4: early, lapsed (ended), late, last
+	settle(late)
+	settle(last)
+	e.clock.Advance(time.Second) // t+4: all four claimable, the lease ended
 	batch, err := e.tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 2)
 	is.NoErr(err)
 	got := map[string]bool{}
 	for _, l := range batch {
 		got[l.Group] = true
 	}
-	is.Equal(got, map[string]bool{early: true, late: true}) // t+1 and t+2 before t+2.5
-	is.Equal(e.claim("w", 0).Group, lapsed)                 // then the ended lease, before t+3
+	is.Equal(got, map[string]bool{early: true, lapsed: true}) // the second round, in the first one's order
+	is.Equal(e.claim("w", 0).Group, late)
 	is.Equal(e.claim("w", 0).Group, last)
-}
-
-// claimFindsRowsBelowItsFloors: the claim's floors are hints (see "The
-// floor" in schema/sql/functions/30_claim.sql): set far past every row, a
-// claim still finds each kind of claimable row.
-func claimFindsRowsBelowItsFloors(is *is.I, e *env) {
-	gs := e.local("free", "lapsed", "new")
-	free, lapsed, fresh := gs[0], gs[1], gs[2]
-	e.publish(free, "f1", 0)
-	e.publish(free, "f2", 0)
-	e.publish(lapsed, "l1", 0)
-	e.publish(fresh, "n1", 0)
-	served := e.claim("w", 0)
-	is.Equal(served.Group, free)
-	e.ack(served) // free, served once
-	l, err := e.tr.Claim(e.ctx(), "w", pgtransport.MinVisibility, 0)
-	is.NoErr(err)
-	is.Equal(l.Group, lapsed)
-	e.clock.Advance(2 * pgtransport.MinVisibility) // its lease has ended
-	// Far past every row, and a walk from the front 1 ms ago (so none is due).
-	e.exec(`SELECT setval('transport_claim_new', 1e15::bigint), setval('transport_claim_floor', 1e15::bigint),
-		setval('transport_claim_held', 1e15::bigint), setval('transport_claim_sweep', $1)`, e.clock.Now().UnixMilli()-1)
-	got := map[string]bool{}
-	for range 3 {
-		l := e.claim("w", 0)
-		is.True(l != nil) // never empty while anything is claimable
-		got[l.Group] = true
-	}
-	is.Equal(got, map[string]bool{free: true, lapsed: true, fresh: true})
-	is.Equal(e.claim("w", 0), nil)
 }
 
 func roundRobinRotatesThroughManyGroups(is *is.I, e *env) {

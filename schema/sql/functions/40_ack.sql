@@ -69,7 +69,7 @@ BEGIN
         -- earlier message already acked, whose ack again would free the
         -- group from under the holder of the next.
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = p_now
+           SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
            AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
            AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
@@ -201,7 +201,8 @@ BEGIN
                    lock_expiry   = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_lease ELSE p_now END,
                    delivered_seq = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
                    attempts      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN 1 ELSE g.attempts END,
-                   leased_at     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_now ELSE g.leased_at END
+                   leased_at     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_now ELSE g.leased_at END,
+                   retry_at      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.retry_at END
               FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
              WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
                AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)

@@ -57,7 +57,7 @@ BEGIN
     END IF;
     IF NOT v_gone THEN
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = p_now
+           SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL
          WHERE g.group_id = p_group;
     END IF;
 END
@@ -140,14 +140,14 @@ BEGIN
        AND octet_length(m.group_id) BETWEEN 1 AND 1024;
     IF v_max > 0 AND v_att >= v_max THEN
         UPDATE transport_groups AS g
-           SET locked_by = '', lock_expiry = 'Infinity'
+           SET locked_by = '', lock_expiry = 'Infinity', retry_at = NULL
          WHERE g.group_id = p_group;
         RETURN 'stopped';
     END IF;
     v_delay := LEAST(v_cap, v_min * power(2::float8, LEAST(v_att - 1, 60)));
     v_delay := GREATEST(v_min, v_delay / 2 + random() * v_delay / 2);
     UPDATE transport_groups AS g
-       SET locked_by = '', lock_expiry = p_now + v_delay
+       SET locked_by = '', lock_expiry = p_now + v_delay, retry_at = p_now + v_delay
      WHERE g.group_id = p_group;
     RETURN 'retry';
 END
@@ -223,12 +223,12 @@ BEGIN
     END IF;
     IF p_delay > 0 THEN
         UPDATE transport_groups AS g
-           SET locked_by = '', lock_expiry = p_now + p_delay, attempts = GREATEST(g.attempts - 1, 0)
+           SET locked_by = '', lock_expiry = p_now + p_delay, retry_at = p_now + p_delay,
+               attempts = GREATEST(g.attempts - 1, 0)
          WHERE g.group_id = p_group;
     ELSE
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a),
-               attempts = GREATEST(g.attempts - 1, 0)
+           SET locked_by = NULL, lock_expiry = NULL, retry_at = p_now, attempts = GREATEST(g.attempts - 1, 0)
          WHERE g.group_id = p_group;
     END IF;
     RETURN true;
@@ -252,7 +252,8 @@ SET jit = off
 AS $$
 BEGIN
     UPDATE transport_groups AS g
-       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = GREATEST(g.attempts - 1, 0)
+       SET locked_by = NULL, lock_expiry = NULL, retry_at = date_part('epoch', clock_timestamp()),
+           attempts = GREATEST(g.attempts - 1, 0)
      WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     RETURN FOUND;
 END
@@ -293,7 +294,7 @@ BEGIN
                            NULL);
     END IF;
     UPDATE transport_groups AS g
-       SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a), attempts = 0
+       SET locked_by = NULL, lock_expiry = NULL, retry_at = date_part('epoch', clock_timestamp()), attempts = 0
      WHERE g.group_id = p_group;
     RETURN true;
 END

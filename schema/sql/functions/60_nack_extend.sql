@@ -29,11 +29,11 @@ BEGIN
     END IF;
     IF p_delay > 0 THEN
         UPDATE transport_groups AS g
-           SET lock_expiry = p_now + p_delay
+           SET lock_expiry = p_now + p_delay, retry_at = p_now + p_delay
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     ELSE
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = NULL, arrival = (SELECT a.last_value FROM transport_claim_new AS a)
+           SET locked_by = NULL, lock_expiry = NULL, retry_at = COALESCE(p_now, date_part('epoch', clock_timestamp()))
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     END IF;
     RETURN FOUND;

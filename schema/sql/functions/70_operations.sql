@@ -171,18 +171,7 @@ BEGIN
     IF v_order <> 'oldest_head' THEN
         PERFORM set_config('enable_seqscan', 'on', true);
     END IF;
-    IF v_order = 'group' AND p_state IN ('leased', 'parked', 'stopped') THEN
-        -- They have a holder (a token, or '' when failed or stopped) and
-        -- their lock_expiry is at or after now: the held rows' index and
-        -- the retry index from now on (few rows, in a working queue), not
-        -- a scan.
-        SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
-          FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE ((g.locked_by > '' AND g.lock_expiry >= v_now) OR (g.locked_by = '' AND g.lock_expiry >= v_now))
-                   AND harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state
-                 ORDER BY g.group_id
-                OFFSET v_offset LIMIT p_limit) AS x;
-    ELSIF v_order = 'group' AND p_state = 'paused' THEN
+    IF v_order = 'group' AND p_state = 'paused' THEN
         -- The partial index of paused groups.
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
@@ -199,7 +188,7 @@ BEGIN
         SELECT array_agg(x.group_id ORDER BY x.n) INTO v_groups
           FROM (SELECT g.group_id, row_number() OVER (ORDER BY g.leased_at NULLS FIRST, g.group_id) AS n
                   FROM transport_groups AS g
-                 WHERE g.locked_by > '' AND g.lock_expiry >= v_now  -- the held rows' index, from now on
+                 WHERE g.locked_by > '' AND g.lock_expiry >= v_now
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
                  ORDER BY g.leased_at NULLS FIRST, g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
@@ -329,18 +318,10 @@ BEGIN
     IF NOT v_paused THEN
         RETURN false;
     END IF;
-    -- Back at its place, or at the floor if claims walked past it while
-    -- it was paused (see "The floor" in 30_claim.sql): first among the live rows.
+    -- Back at its slot: the sweep reaches it when the cursor comes round
+    -- (see "The sweep" in 30_claim.sql).
     UPDATE transport_groups AS g
-       SET paused = false,
-           lock_expiry = CASE WHEN g.locked_by IS NULL AND g.lock_expiry > 0
-                                   THEN GREATEST(g.lock_expiry, (SELECT f.last_value / 1000.0 FROM transport_claim_floor AS f))
-                              WHEN g.locked_by <> ''
-                                   THEN GREATEST(g.lock_expiry, (SELECT h.last_value / 1000.0 FROM transport_claim_held AS h))
-                              ELSE g.lock_expiry END,
-           arrival = CASE WHEN g.locked_by IS NULL AND g.lock_expiry IS NULL
-                               THEN GREATEST(COALESCE(g.arrival, 0), (SELECT a.last_value FROM transport_claim_new AS a))
-                          ELSE g.arrival END
+       SET paused = false
      WHERE g.group_id = p_group;
     -- Drained while paused: the row goes now (as an ack's would have),
     -- through the lost-publish guard.
@@ -409,7 +390,7 @@ BEGIN
     END IF;
     IF NOT v_gone THEN
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = v_now, delivered_seq = NULL, attempts = 0, leased_at = NULL
+           SET locked_by = NULL, lock_expiry = v_now, delivered_seq = NULL, attempts = 0, leased_at = NULL, retry_at = NULL
          WHERE g.group_id = p_group;
         -- Claimable now if it has messages and is not paused: wake idle
         -- consumers that would take it.
@@ -477,11 +458,10 @@ $$;
 -- consumers registered for a wake-up that would take it (waiters; the
 -- total counts them all); at is the server's clock.
 --
--- Cost, and what is exact. Leased, parked, stopped and paused groups
--- are counted exactly, through indexes (the held rows' index and the
--- retry index from now on, and the partial index of paused groups): a
--- working queue has few.
--- All groups, messages and dead letters are counted exactly up to
+-- Cost, and what is exact. Paused groups are counted exactly, through
+-- the partial index of paused groups. All groups (and among them the
+-- leased, parked and stopped ones, which no index holds), messages and
+-- dead letters are counted exactly up to
 -- 100,000 rows each; past that they are estimated from a random sample of
 -- about 200 of the table's pages (TABLESAMPLE SYSTEM), scaled by
 -- harel_scale_sample (the planner's row estimate when the table was ever
@@ -532,43 +512,45 @@ DECLARE
     v_n      BIGINT;
     v_pct    DOUBLE PRECISION;
     v_pub    TIMESTAMPTZ;
+    v_scale  BIGINT[];
+    v_factor DOUBLE PRECISION;
     r        RECORD;
 BEGIN
 
-    -- Groups in every state but free, exact, through indexes: a leased,
-    -- parked or stopped group has a holder and its lock_expiry is at or
-    -- after now (the held rows' index and the retry index, from now on), a
-    -- paused group is in the partial index transport_groups_paused. Few,
-    -- in a working queue.
-    SELECT array_agg(COALESCE(x.leased, 0) ORDER BY p.p), array_agg(COALESCE(x.parked, 0) ORDER BY p.p),
-           array_agg(COALESCE(x.stopped, 0) ORDER BY p.p)
-      INTO v_leased, v_parked, v_stopped
-      FROM generate_series(0, 4) AS p(p)
-      LEFT JOIN (SELECT s.priority,
-                        count(*) FILTER (WHERE s.st = 'leased') AS leased,
-                        count(*) FILTER (WHERE s.st = 'parked') AS parked,
-                        count(*) FILTER (WHERE s.st = 'stopped') AS stopped
-                   FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st
-                           FROM transport_groups AS g
-                          WHERE (g.locked_by > '' AND g.lock_expiry >= v_now) OR (g.locked_by = '' AND g.lock_expiry >= v_now)) AS s
-                  GROUP BY s.priority) AS x ON x.priority = p.p;
+    -- Paused groups, exact, through their partial index.
     SELECT array_agg(COALESCE(x.n, 0) ORDER BY p.p) INTO v_paused
       FROM generate_series(0, 4) AS p(p)
       LEFT JOIN (SELECT g.priority, count(*) AS n FROM transport_groups AS g WHERE g.paused GROUP BY 1) AS x
         ON x.priority = p.p;
-    -- All groups, by priority: exact while few, else sampled; free ones
-    -- are the rest. Counting a table is a sequential scan's job (this
-    -- setting goes back to the pinned one when the function returns).
+    -- All groups and those leased, parked or stopped, by priority: exact
+    -- while few, else sampled (no index holds a lease: see "The sweep" in
+    -- 30_claim.sql), all four scaled alike; free ones are the rest.
+    -- Counting a table is a sequential scan's job (this setting goes back
+    -- to the pinned one when the function returns).
     PERFORM set_config('enable_seqscan', 'on', true);
     SELECT count(*) INTO v_n FROM (SELECT 1 FROM transport_groups AS g LIMIT c_exact + 1) AS x;
     v_pct := harel_sample_pct(v_n, c_exact, 'transport_groups');
     v_gexact := v_pct >= 100;
-    SELECT array_agg(COALESCE(x.n, 0) ORDER BY p.p) INTO v_groups
+    SELECT array_agg(COALESCE(x.n, 0) ORDER BY p.p), array_agg(COALESCE(x.leased, 0) ORDER BY p.p),
+           array_agg(COALESCE(x.parked, 0) ORDER BY p.p), array_agg(COALESCE(x.stopped, 0) ORDER BY p.p)
+      INTO v_groups, v_leased, v_parked, v_stopped
       FROM generate_series(0, 4) AS p(p)
-      LEFT JOIN (SELECT g.priority, count(*) AS n
-                   FROM transport_groups AS g TABLESAMPLE SYSTEM (v_pct)
+      LEFT JOIN (SELECT s.priority, count(*) AS n,
+                        count(*) FILTER (WHERE s.st = 'leased') AS leased,
+                        count(*) FILTER (WHERE s.st = 'parked') AS parked,
+                        count(*) FILTER (WHERE s.st = 'stopped') AS stopped
+                   FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st
+                           FROM transport_groups AS g TABLESAMPLE SYSTEM (v_pct)) AS s
                   GROUP BY 1) AS x ON x.priority = p.p;
-    v_groups := harel_scale_sample(v_groups, 'transport_groups', v_pct);
+    IF NOT v_gexact THEN
+        v_scale := harel_scale_sample(v_groups, 'transport_groups', v_pct);
+        v_factor := (SELECT sum(x) FROM unnest(v_scale) AS x)::float8
+                    / GREATEST((SELECT sum(x) FROM unnest(v_groups) AS x), 1);
+        v_groups := v_scale;
+        v_leased := ARRAY(SELECT round(x * v_factor)::bigint FROM unnest(v_leased) WITH ORDINALITY AS u(x, i) ORDER BY i);
+        v_parked := ARRAY(SELECT round(x * v_factor)::bigint FROM unnest(v_parked) WITH ORDINALITY AS u(x, i) ORDER BY i);
+        v_stopped := ARRAY(SELECT round(x * v_factor)::bigint FROM unnest(v_stopped) WITH ORDINALITY AS u(x, i) ORDER BY i);
+    END IF;
     FOR i IN 1..5 LOOP
         -- An estimate is never below the exact part of it.
         v_groups[i] := greatest(v_groups[i], v_leased[i] + v_parked[i] + v_stopped[i] + v_paused[i]);

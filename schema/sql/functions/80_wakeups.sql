@@ -16,8 +16,8 @@
 -- Groups that become claimable without a new row (an ack or nack that frees
 -- a group with messages left, a lease or park that runs out) send nothing:
 -- consumers in the same process are woken in-process, consumers elsewhere
--- wake at the earliest lock_expiry they saw when they went idle, or at their
--- sweep.
+-- wake at the earliest park end they saw when they went idle (harel_wait),
+-- or at their sweep (a lapsed lease too).
 
 -- harel_channel is the NOTIFY channel of this schema's queue: named after
 -- the groups table's oid, so two queues in one database never wake each
@@ -63,8 +63,9 @@ CREATE TRIGGER transport_groups_wake
     FOR EACH STATEMENT EXECUTE FUNCTION harel_wake();
 
 -- harel_wait records p_waiter (unless NULL) as idle for p_ttl seconds
--- (server clock) and returns the earliest lock_expiry after p_now of a leased, parked or failed group
--- at or above p_min_priority (NULL if none): when the consumer must look
+-- (server clock) and returns the earliest end after p_now of a timed park
+-- (a backoff, a nack's or snooze's delay) of a group at or above
+-- p_min_priority (NULL if none): when the consumer must look
 -- again even if no notification comes. It also clears rows of consumers
 -- that stopped refreshing a minute ago.
 CREATE OR REPLACE FUNCTION harel_wait(
@@ -90,21 +91,15 @@ BEGIN
         ON CONFLICT (waiter) DO UPDATE
             SET min_priority = EXCLUDED.min_priority, until = EXCLUDED.until;
     END IF;
-    -- The first end after now of a lease or a nack's park (the held rows'
-    -- index) or of a failed head's backoff (the retry index; a stopped
-    -- group, at 'Infinity', never runs out), each walked from now.
-    SELECT LEAST(
-             (SELECT g.lock_expiry FROM transport_groups AS g
-               WHERE g.locked_by > '' AND g.lock_expiry > p_now
-                 AND g.priority >= p_min_priority AND NOT g.paused
-               ORDER BY g.lock_expiry, g.group_id
-               LIMIT 1),
-             (SELECT g.lock_expiry FROM transport_groups AS g
-               WHERE g.locked_by = '' AND g.lock_expiry > p_now AND g.lock_expiry < 'Infinity'
-                 AND g.priority >= p_min_priority AND NOT g.paused
-               ORDER BY g.lock_expiry
-               LIMIT 1))
-      INTO v_next;
+    -- The first end after now of a timed park (a failed head's backoff,
+    -- a nack's or snooze's delay: the due index; a stopped group, never
+    -- due, is not in it). A lease that lapses (its holder died) is not
+    -- announced: the consumer's own sweep (Config.IdleSweep) finds it.
+    SELECT g.retry_at INTO v_next
+      FROM transport_groups AS g
+     WHERE g.retry_at > p_now AND g.priority >= p_min_priority AND NOT g.paused
+     ORDER BY g.retry_at
+     LIMIT 1;
     RETURN v_next;
 END
 $$;
