@@ -154,11 +154,12 @@
 // is not queued any more). An ack the database refuses for good is
 // answered that error alone: no lease can stop a stream.
 //
-// Round-robin. A claim takes the claimable group served longest ago;
-// groups never served, and groups nacked with no delay, come first, and a
-// group whose failed message (Fail) has waited out its backoff comes before
-// all of them. An ack that frees a group puts it behind the groups that
-// have waited longer. AckNext (and a Stream's
+// Round-robin. Claims go round the groups in a fixed order, each group's
+// place set when it is created (new groups after those already waiting),
+// so a group that stays claimable is handed out once per round: it waits
+// at most as many hand-outs as there are claimable groups. A group whose
+// failed message (Fail) has waited out its backoff, a group given back
+// unused, or nacked with no delay, comes before the round. AckNext (and a Stream's
 // ack) may keep a group that has more messages under the same lease, with
 // no claim in between, for at most Config.MaxKeep messages in a row; then
 // the group goes back to the round-robin, so other groups are not starved.
