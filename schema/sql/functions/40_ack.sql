@@ -233,7 +233,7 @@ BEGIN
     IF p_limit - v_nkept > 0 THEN
         RETURN QUERY
             SELECT 'c'::"char", c.group_id, true, c.seq, c.event, c.attempt, c.age
-              FROM harel_claim_leases(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept) AS c;
+              FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept, 'harel_claim_many') AS c;
     END IF;
 END
 $$;
@@ -324,7 +324,7 @@ BEGIN
     END IF;
     held := harel_ack(p_group, p_seq, p_token, p_now);
     SELECT c.group_id, c.seq, c.event, c.attempt, c.age INTO group_id, seq, event, attempt, age
-      FROM harel_claim_one(p_now, p_lease, p_new_token, p_min_priority) AS c;
+      FROM harel_sweep(p_now, p_lease, p_new_token, p_min_priority, 1, 'harel_claim') AS c;
     RETURN NEXT;
 END
 $$;
