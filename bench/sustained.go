@@ -26,13 +26,14 @@ import (
 // the plan and buffers of one claim of 64, the claim's floors, and the
 // index entries each index has returned so far.
 //
-// workers is the stream's in-flight leases (and handler goroutines); with
+// workers is the stream's in-flight leases (and handler goroutines),
+// backlog the messages kept queued over the 10,000 groups; with
 // noVacuum on the test server nothing vacuums the tables (the tables must
 // stay small by themselves: HOT updates pruned in place). Every 10 s it
 // prints the rate, the groups table's size and the HOT share of its
 // updates so far.
-func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers int, noVacuum bool) error {
-	const groups, backlog = 10_000, 40_000
+func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, backlog int, noVacuum bool) error {
+	const groups = 10_000
 	cfg := pgtransport.Config{Async: pgtransport.AsyncConfig{Vacuum: 10 * time.Second}} // this machine's server runs with autovacuum off
 	if noVacuum {
 		cfg.Async.Vacuum = 0
@@ -114,7 +115,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers i
 		return err
 	}
 	var published, acked atomic.Int64
-	published.Store(backlog)
+	published.Store(int64(backlog))
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	c := newChecker(1 << 62)
@@ -122,7 +123,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers i
 	go func() { // the publisher: keep the backlog near its start
 		msgs := make([]pgtransport.Message, 500)
 		for i := 0; ctx.Err() == nil; i++ {
-			if published.Load()-acked.Load() > backlog {
+			if published.Load()-acked.Load() > int64(backlog) {
 				time.Sleep(5 * time.Millisecond)
 				continue
 			}
