@@ -163,6 +163,28 @@ func (r *runner) table() string {
 			}
 		}
 	}
+	if r.has("claimwalk") {
+		b.WriteString("\n### A claim among 1,000,000 group rows, 99% leased or waiting out a backoff (one claim, rolled back)\n\n")
+		b.WriteString("rows/taken: group rows fetched through an index per group the claim took (pg_stat_xact_user_tables.idx_tup_fetch).\n\n")
+		b.WriteString("| claim of | ms | buffers | rows/taken |\n| ---: | ---: | ---: | ---: |\n")
+		for _, limit := range []int{1, 64} {
+			ms, _ := r.find("claimwalk", "sync", "ms", limit, 1_000_000)
+			bufs, _ := r.find("claimwalk", "sync", "buffers", limit, 1_000_000)
+			rows, _ := r.find("claimwalk", "sync", "rows/taken", limit, 1_000_000)
+			fmt.Fprintf(&b, "| %d | %s | %s | %s |\n", limit, figure(ms), figure(bufs), figure(rows))
+		}
+	}
+	if r.has("fairness") {
+		b.WriteString("\n### How long a claimable group waits (1,000 groups of 30 messages and 20 hot ones of 300; one stream, 64 in flight)\n\n")
+		b.WriteString("From the ack that left a group claimable to its next lease; claims: hand-outs of other groups meanwhile. A kept lease waits only for its ack.\n\n")
+		b.WriteString("| p99 ms | max ms | p99 claims | max claims |\n| ---: | ---: | ---: | ---: |\n")
+		var cells []string
+		for _, v := range []string{"p99-ms", "max-ms", "p99-claims", "max-claims"} {
+			res, _ := r.find("fairness", "async", v, 64, 1_000)
+			cells = append(cells, figure(res))
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
+	}
 	if r.has("latency") {
 		b.WriteString("\n### Publish-to-receive latency into an idle async consumer (ms)\n\n")
 		b.WriteString("From the start of the publish (what a publisher sees) and from its commit's reply (the wake-up alone); the publisher is another transport, so only the notification wakes the consumer.\n\n")
