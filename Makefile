@@ -36,7 +36,7 @@ proxy-schema: ## print the script of a PL/Proxy proxy database over partitions (
 bench: ## the headline, about 2 minutes: claim+ack of both transports against River and the old design, the handler runtimes; table, CSV and SVG chart in $(RESULTS)/
 	cd bench && $(GO) run . -only '^(commits|claimack|river|runtime)$$' -out $(abspath $(RESULTS))
 
-bench-full: ## every suite (hot group, publish, jobs, claim cost, latency, poison, dedup, worktx, proxy, partitions too), about 8 minutes
+bench-full: ## every suite (hot group, publish, jobs, claim cost, claim walk, fairness, latency, poison, dedup, worktx, proxy, partitions too), about 9 minutes
 	cd bench && $(GO) run . -out $(abspath $(RESULTS))
 
 bench-long: ## every suite with longer runs and more of them
