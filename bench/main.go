@@ -59,6 +59,7 @@ func main() {
 		hold     = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
 		inflight = flag.Int("inflight", 64, "with -sustained: the stream's leases in flight (and handlers)")
 		backlog  = flag.Int("backlog", 40_000, "with -sustained: the messages kept queued over its 10,000 groups (fewer a group: groups drain and come back more often)")
+		rate     = flag.Int("rate", 0, "with -sustained: publish this many messages a second from an empty queue and report the pickup latency (0: keep -backlog queued)")
 		noVac    = flag.Bool("novacuum", false, "with -sustained on the test server (autovacuum off): nothing vacuums the tables")
 		fresh    = flag.Bool("cluster", false, "with -sustained: run on a throwaway cluster with autovacuum on (production-like) instead of the test server")
 		cases    = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
@@ -88,7 +89,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	if *sust > 0 {
-		if err := sustained(context.Background(), *sust, *hold, *fresh, *inflight, *backlog, *noVac); err != nil {
+		if err := sustained(context.Background(), *sust, *hold, *fresh, *inflight, *backlog, *rate, *noVac); err != nil {
 			pgtest.Shutdown()
 			fail(err)
 		}

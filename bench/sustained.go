@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +34,12 @@ import (
 // stay small by themselves: HOT updates pruned in place). Every 10 s it
 // prints the rate, the groups table's size and the HOT share of its
 // updates so far.
-func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, backlog int, noVacuum bool) error {
+//
+// With rate > 0 the publisher is paced instead: rate messages a second
+// from an empty queue, each carrying its publish time, and every 10 s and
+// every minute the run also prints the pickup latency (publish to receive)
+// at p50 and p99.
+func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, backlog, rate int, noVacuum bool) error {
 	const groups = 10_000
 	cfg := pgtransport.Config{Async: pgtransport.AsyncConfig{Vacuum: 10 * time.Second}} // this machine's server runs with autovacuum off
 	if noVacuum {
@@ -57,7 +64,9 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 	}
 	defer func() { _ = db.Drop() }()
 	cfg.Schema = db.Schema
-	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	pubCfg := cfg
+	pubCfg.Async = pgtransport.AsyncConfig{} // the blocking publisher takes no async settings
+	pub, err := pgsync.New(ctx, db.Pool, pubCfg)
 	if err != nil {
 		return err
 	}
@@ -66,7 +75,9 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 		return err
 	}
 	defer tr.Close()
-	if err := preload(ctx, db, backlog, groups); err != nil {
+	if rate > 0 {
+		backlog = 0
+	} else if err := preload(ctx, db, backlog, groups); err != nil {
 		return err
 	}
 	stats := func(when string) error {
@@ -120,7 +131,12 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 	defer cancel()
 	c := newChecker(1 << 62)
 	errs := make(chan error, 2)
-	go func() { // the publisher: keep the backlog near its start
+	var pickups pickupLog
+	go func() { // the publisher: keep the backlog near its start, or the pace
+		if rate > 0 {
+			errs <- pacedPublish(ctx, pub, rate, groups, &published)
+			return
+		}
 		msgs := make([]pgtransport.Message, 500)
 		for i := 0; ctx.Err() == nil; i++ {
 			if published.Load()-acked.Load() > int64(backlog) {
@@ -146,6 +162,9 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 		errs <- parallel(workers, func(int) error {
 			for l := range s.C() {
 				c.claimed(l.Group, l.Seq)
+				if rate > 0 {
+					pickups.add(l.Event)
+				}
 				if err := <-tr.Ack(context.WithoutCancel(ctx), l); err != nil {
 					return err
 				}
@@ -203,8 +222,8 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 				var size, upd, hot int64
 				_ = db.Pool.QueryRow(ctx, `SELECT pg_total_relation_size('transport_groups'), n_tup_upd, n_tup_hot_upd
 					FROM pg_stat_user_tables WHERE relid = 'transport_groups'::regclass`).Scan(&size, &upd, &hot)
-				fmt.Fprintf(os.Stderr, "  [%s] %.0f msgs/s; transport_groups %d kB, %.1f%% of %d updates HOT\n",
-					time.Since(start).Round(time.Second), float64(n-last)/10, size/1024, 100*float64(hot)/float64(max(upd, 1)), upd)
+				fmt.Fprintf(os.Stderr, "  [%s] %.0f msgs/s; transport_groups %d kB, %.1f%% of %d updates HOT%s\n",
+					time.Since(start).Round(time.Second), float64(n-last)/10, size/1024, 100*float64(hot)/float64(max(upd, 1)), upd, pickups.take(rate > 0))
 				last = n
 			case <-ctx.Done():
 				return
@@ -261,4 +280,64 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 			float64(first)/60, float64(lastMin)/60, 100*(float64(lastMin)-float64(first))/float64(first), acked.Load())
 	}
 	return nil
+}
+
+// pacedPublish publishes rate messages a second over groups, in batches
+// every 10 ms, each message's event its publish time (Unix nanoseconds),
+// until ctx ends.
+func pacedPublish(ctx context.Context, pub *pgsync.Transport, rate, groups int, published *atomic.Int64) error {
+	const tick = 10 * time.Millisecond
+	start := time.Now()
+	for i := 0; ctx.Err() == nil; {
+		due := int(time.Since(start).Seconds()*float64(rate)) - i
+		if due <= 0 {
+			time.Sleep(tick)
+			continue
+		}
+		msgs := make([]pgtransport.Message, due)
+		now := strconv.FormatInt(time.Now().UnixNano(), 10)
+		for j := range msgs {
+			msgs[j] = pgtransport.Message{Group: fmt.Sprint("g", (i+j)%groups), Event: now}
+		}
+		if _, err := pub.PublishMany(context.WithoutCancel(ctx), msgs); err != nil {
+			return err
+		}
+		i += due
+		published.Add(int64(due))
+	}
+	return nil
+}
+
+// pickupLog gathers pickup latencies (publish to receive) between reports.
+type pickupLog struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+// add records the pickup of a message whose event is its publish time.
+func (p *pickupLog) add(event string) {
+	ns, err := strconv.ParseInt(event, 10, 64)
+	if err != nil {
+		return
+	}
+	d := time.Since(time.Unix(0, ns))
+	p.mu.Lock()
+	p.d = append(p.d, d)
+	p.mu.Unlock()
+}
+
+// take reports p50 and p99 of the pickups since the last take, and
+// forgets them ("" when not asked for).
+func (p *pickupLog) take(on bool) string {
+	if !on {
+		return ""
+	}
+	p.mu.Lock()
+	d := p.d
+	p.d = nil
+	p.mu.Unlock()
+	if len(d) == 0 {
+		return "; no pickups"
+	}
+	return fmt.Sprintf("; pickup p50 %.1f ms, p99 %.1f ms (%d)", ms(percentile(d, 50)), ms(percentile(d, 99)), len(d))
 }
