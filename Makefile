@@ -8,7 +8,7 @@ FUZZTIME ?= 10m
 # must not carry): tested, vetted and tidied with the library.
 MODULES = metrics cmd/pgtransport internal/cmd/modproxy
 
-.PHONY: help test schema proxy-schema bench bench-full bench-long bench-go bench-stats held-snapshot failover fuzz fmt vet tidy release-check
+.PHONY: help test schema proxy-schema bench bench-full bench-long bench-go bench-stats held-snapshot held-snapshot-paced failover fuzz fmt vet tidy release-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ bench-stats: ## the operator's reads (Stats, Groups, Peek) at 1,000,000 groups a
 
 held-snapshot: ## the async load (64 in flight, 10,000 groups) for 7 minutes on a throwaway cluster (autovacuum on) while another session holds a snapshot for the first 5: throughput per minute, table sizes and dead rows
 	cd bench && $(GO) run . -sustained 7m -hold 5m -cluster
+
+held-snapshot-paced: ## a publisher paced at 1,000 msgs/s over 10,000 groups into one stream (LISTEN wake-ups on) for 35 minutes on a throwaway cluster (autovacuum on) while another session holds a snapshot for the first 30: pickup p50/p99, rate and table sizes every 10 s
+	cd bench && $(GO) run . -sustained 35m -hold 30m -cluster -rate 1000
 
 failover: ## primary/standby failover at length: 5 runs each of sync replication, async with a lagging standby, and a hung primary; about 10 min
 	PGTRANSPORT_FAILOVER_RUNS=5 PGTRANSPORT_FAILOVER_ASYNC=1 PGTRANSPORT_FAILOVER_FROZEN=1 PGTRANSPORT_FAULT_SCALE=3 $(GO) test -run '^TestFailover' -count=1 -v -timeout 30m ./internal/testkit/history/
