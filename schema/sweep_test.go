@@ -166,3 +166,41 @@ func TestClaimAndAckAreHOT(t *testing.T) {
 		t.Fatalf("%d of %d group-row updates were HOT, want at least 80%%", hot, upd)
 	}
 }
+
+// TestSweepGoesRoundWithin50ms: a claim that found something ahead of the
+// cursor skips the walk from the first slot for 50 ms after a claim that
+// went round found nothing there ("Going round" in functions/30_claim.sql),
+// and makes it after that; a claim that found nothing always goes round.
+func TestSweepGoesRoundWithin50ms(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	claim := func(now float64, limit int) []string {
+		t.Helper()
+		rows, err := c.Query(ctx(t), `SELECT group_id FROM harel_claim_leases($1::float8, $1::float8 + 60, 'w', 0, $2) ORDER BY 1`, now, limit)
+		is.NoErr(err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		is.NoErr(err)
+		return got
+	}
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('behind', 'e1', 0), harel_publish('behind', 'e2', 0)`)
+	is.NoErr(err)
+	is.Equal(claim(1000, 10), []string{"behind"})
+	var seq int64
+	is.NoErr(c.QueryRow(ctx(t), `SELECT delivered_seq FROM transport_groups WHERE group_id = 'behind'`).Scan(&seq))
+	is.Equal(len(claim(1000.01, 10)), 0) // nothing claimable: went round, found nothing
+	_, err = c.Exec(ctx(t), `SELECT harel_ack('behind', $1, 'w', 1000.01), harel_publish('ahead', 'e', 0)`, seq)
+	is.NoErr(err)
+	is.Equal(claim(1000.02, 10), []string{"ahead"}) // behind the cursor, skipped within 50 ms of the empty round
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('ahead2', 'e', 0)`)
+	is.NoErr(err)
+	is.Equal(claim(1000.10, 10), []string{"ahead2", "behind"}) // 90 ms after it: round again
+	is.Equal(len(claim(1000.11, 10)), 0)                       // nothing left
+	_, err = c.Exec(ctx(t), `SELECT harel_ack('ahead', delivered_seq, 'w', 1000.12) FROM transport_groups WHERE group_id = 'ahead'`)
+	is.NoErr(err)
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('ahead', 'e2', 0)`)
+	is.NoErr(err)
+	is.Equal(claim(1000.13, 10), []string{"ahead"}) // drained and published again: a new row, ahead of the cursor
+}

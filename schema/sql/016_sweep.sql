@@ -15,7 +15,8 @@
 --     a sequence that cycles through 2^20 values, and never written again;
 --   - transport_claim_cursor: the slot the next claim starts from, a
 --     sequence (one value written in place, not a row that grows
---     versions under an old snapshot);
+--     versions under an old snapshot), and transport_claim_wrap, when a
+--     claim that went round from the first slot last found nothing;
 --   - retry_at: when a group held by no one is due before the sweep (a
 --     failed message's backoff, a nack's or a snooze's delay, a give-back
 --     or restart at once), in a partial index of the due groups. Those
@@ -36,6 +37,7 @@
 
 CREATE SEQUENCE IF NOT EXISTS transport_groups_slot AS INT MINVALUE 0 MAXVALUE 1048575 START 0 CYCLE;
 CREATE SEQUENCE IF NOT EXISTS transport_claim_cursor AS INT MINVALUE 0 MAXVALUE 1048576 START 0;
+CREATE SEQUENCE IF NOT EXISTS transport_claim_wrap AS BIGINT MINVALUE 0 START 0;
 ALTER TABLE transport_groups ADD COLUMN IF NOT EXISTS slot INT;
 ALTER TABLE transport_groups ADD COLUMN IF NOT EXISTS retry_at DOUBLE PRECISION;
 UPDATE transport_groups AS g

@@ -20,7 +20,8 @@
 -- Order. A group that stays claimable is handed out within one round of
 -- the cursor: before it comes round again, every other group claimable
 -- throughout is handed out at most once, so it waits at most as many
--- hand-outs as there are claimable groups (TestSweepServesEachGroupOncePerRound).
+-- hand-outs as there are claimable groups (TestSweepServesEachGroupOncePerRound),
+-- and at most 50 ms more (see "Going round" below).
 -- New groups have the highest slots, in the order they arrived, so they
 -- come after the groups already waiting and before those served since:
 -- round-robin by arrival. Only a claim that admits every priority moves
@@ -28,6 +29,16 @@
 -- concurrent claims start from the same cursor and skip each other's rows
 -- (SKIP LOCKED), and a cursor one of them set back costs the next claim a
 -- walk past rows just leased, nothing else.
+--
+-- Going round. A claim that reaches the last slot with room left goes on
+-- from the first slot to the cursor, unless it has found something and a
+-- claim that went round in the last 50 ms found nothing there
+-- (transport_claim_wrap, epoch ms). That walk passes the index entries of
+-- every group row deleted since vacuum last ran (a drained group's row is
+-- deleted, and the next publish to it creates one with a new slot), so in
+-- a queue whose consumers keep up with new groups (each claim finding the
+-- newest and going round for more) every claim paid it. A group that
+-- becomes claimable behind the cursor then waits at most a round and 50 ms.
 --
 -- Due groups first: a group held by no one that is due before the sweep
 -- (retry_at: a failed message's backoff or a snooze's delay that has
@@ -182,6 +193,7 @@ DECLARE
     v_gone    TEXT[];
     v_skip    TEXT[] := '{}';  -- picked by this call and not leased: not again
     v_cursor  INT;
+    v_wrap    BIGINT;    -- when a claim that went round last found nothing (epoch ms)
     v_last    INT;       -- the last slot a walk took
     v_max     INT;
     v_wrapped BOOLEAN;
@@ -201,7 +213,7 @@ BEGIN
     IF harel_clock_skewed(p_now) THEN
         PERFORM harel_refuse_skew(p_caller, p_now);
     END IF;
-    SELECT c.last_value INTO v_cursor FROM transport_claim_cursor AS c;
+    SELECT c.last_value, w.last_value INTO v_cursor, v_wrap FROM transport_claim_cursor AS c, transport_claim_wrap AS w;
     -- Again only while nothing was leased and the groups picked were
     -- empty or stopped: a claim leases something when anything is claimable.
     FOR v_try IN 1..8 LOOP
@@ -222,6 +234,9 @@ BEGIN
         FOR v_pass IN 1..2 LOOP
             v_n := COALESCE(cardinality(v_groups), 0);
             EXIT WHEN v_n >= p_limit;
+            -- Round from the first slot unless something was found and a
+            -- round in the last 50 ms found nothing (see "Going round").
+            EXIT WHEN v_pass = 2 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 50;
             SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
                    COALESCE(v_atts, '{}') || array_agg(c.attempts), max(c.slot)
               INTO v_groups, v_dseqs, v_atts, v_max
@@ -239,6 +254,8 @@ BEGIN
             IF v_max IS NOT NULL THEN
                 v_last := v_max;
                 v_wrapped := v_pass = 2;
+            ELSIF v_pass = 2 AND p_min_priority <= 0 THEN
+                PERFORM setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
             END IF;
         END LOOP;
         IF v_last IS NOT NULL AND p_min_priority <= 0 THEN
