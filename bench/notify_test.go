@@ -39,7 +39,7 @@ func publishNotify(b *testing.B, mode string, publishers, events int) {
 	db := pgtest.New(b, int32(publishers)+8)
 	ctx := context.Background()
 	cfg := pgtransport.Config{Schema: db.Schema, Async: pgtransport.AsyncConfig{DisableNotify: mode == "off"}}
-	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	pub, err := pgsync.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema}) // the blocking publisher takes no async settings
 	if err != nil {
 		b.Fatal(err)
 	}

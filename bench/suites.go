@@ -221,7 +221,7 @@ func (r *runner) publishOnce(ctx context.Context, publishers, _ int, notify bool
 	}
 	defer func() { _ = db.Drop() }()
 	cfg := pgtransport.Config{Schema: db.Schema, Async: pgtransport.AsyncConfig{DisableNotify: !notify}}
-	pub, err := pgsync.New(ctx, db.Pool, cfg)
+	pub, err := pgsync.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema}) // the blocking publisher takes no async settings
 	if err != nil {
 		return 0, err
 	}

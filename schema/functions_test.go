@@ -114,12 +114,14 @@ func TestGuardInlined(t *testing.T) {
 	}
 
 	// A publish (the trigger's shared lock), then an ack that drains the
-	// group: its row is deleted only after the try-lock.
+	// group, whose row carries a state (a drained row without one is kept,
+	// with no lock: see "Kept rows" in 30_claim.sql): its row is deleted
+	// only after the try-lock.
 	var seq int64
 	is.NoErr(tx.QueryRow(ctx(t), `SELECT harel_publish('a', 'e', 0)`).Scan(&seq))
 	exec(`SELECT * FROM harel_claim(1, 100, 'w:1', 0)`)
 	var held bool
-	is.NoErr(tx.QueryRow(ctx(t), `SELECT harel_ack('a', $1, 'w:1', 2)`, seq).Scan(&held))
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT harel_ack_state('a', $1, 'w:1', 2, '\x01')`, seq).Scan(&held))
 	is.True(held)
 	is.Equal(groups(), 0) // harel_ack took the try-lock and deleted the row
 
@@ -130,6 +132,7 @@ func TestGuardInlined(t *testing.T) {
 	seqs, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	is.NoErr(err)
 	exec(`SELECT * FROM harel_claim_many(3, 100, 'w:2', 0, 10)`)
+	exec(`UPDATE transport_groups SET state = '\x01'`)
 	exec(`SELECT * FROM harel_exchange(4, 100, 'w:2', 0, 0, '{b,c}', $1, '{w:2,w:2}', '{false,false}')`, seqs)
 	is.Equal(groups(), 0) // harel_exchange took the try-locks and deleted the rows
 

@@ -62,7 +62,7 @@ func tables(t *testing.T, q interface {
 	var s string
 	err := q.QueryRow(ctx(t), `SELECT concat_ws(' | ',
 		(SELECT string_agg(seq || ':' || group_id || ':' || event, ',' ORDER BY seq) FROM transport_messages),
-		(SELECT string_agg(group_id || ':' || COALESCE(locked_by, '-') || ':' || COALESCE(lock_expiry::text, '-') || ':' || priority, ',' ORDER BY group_id) FROM transport_groups))`).Scan(&s)
+		(SELECT string_agg(group_id || ':' || COALESCE(locked_by, '-') || ':' || COALESCE(lock_expiry::text, '-') || ':' || priority, ',' ORDER BY group_id) FROM transport_groups WHERE drained_at IS NULL))`).Scan(&s)
 	if err != nil {
 		t.Fatal(err)
 	}

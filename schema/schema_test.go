@@ -351,7 +351,9 @@ func TestParallelClaimsDoNotWait(t *testing.T) {
 // TestPlainSQLPublishRacesDrain publishes exactly as the design writes it
 // (two plain statements in one transaction, as a client in another language
 // would) while harel_ack drains the group: the message must never be left
-// without a group row.
+// without a group row, and the next claim hands it out (where the ack's
+// mark came after the publish's group insert, the claim reads the head
+// under the mark: "Kept rows" in functions/30_claim.sql).
 func TestPlainSQLPublishRacesDrain(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)

@@ -40,7 +40,7 @@ func roundTrip(t *testing.T, tr *pgsync.Transport, db *pgtest.DB, group, event s
 	empty := func() {
 		t.Helper()
 		var n int
-		if err := db.Pool.QueryRow(ctx(t), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups)`).Scan(&n); err != nil {
+		if err := db.Pool.QueryRow(ctx(t), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups WHERE drained_at IS NULL)`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n != 0 {

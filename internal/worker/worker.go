@@ -454,15 +454,16 @@ func (r *runtime) expired(l *pgtransport.Lease) {
 }
 
 // lapsed is w's lapse timer: its lease ran out with no heartbeat having
-// moved it, so it is lost: its handler's ctx is cancelled, its result
-// will be ignored.
+// moved it, so it is lost: its result will be ignored, and its handler's
+// ctx is cancelled last, after the log and the observer, so that a Run
+// that waits for the handler also waits for them (the timer's goroutine
+// has no other owner).
 func (r *runtime) lapsed(w *run) {
 	r.mu.Lock()
 	_, running := r.running[w]
 	news := running && !w.lost && !time.Now().Before(w.until)
 	if news {
 		w.lost = true
-		w.cancel()
 	}
 	r.mu.Unlock()
 	if news {
@@ -472,6 +473,7 @@ func (r *runtime) lapsed(w *run) {
 		if r.obs != nil {
 			r.obs.LeaseLost(l)
 		}
+		w.cancel()
 	}
 }
 

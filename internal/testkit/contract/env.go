@@ -234,9 +234,11 @@ func (e *env) count(query string, args ...any) int {
 	return n
 }
 
-// rows counts the queued messages and the group rows, on every partition.
+// rows counts the queued messages and the group rows, on every partition
+// (not the kept rows of drained groups: "Kept rows" in
+// schema/sql/functions/30_claim.sql).
 func (e *env) rows() (messages, groups int) {
-	return e.count(`SELECT count(*) FROM transport_messages`), e.count(`SELECT count(*) FROM transport_groups`)
+	return e.count(`SELECT count(*) FROM transport_messages`), e.count(`SELECT count(*) FROM transport_groups WHERE drained_at IS NULL`)
 }
 
 // valueAt runs a query of one integer value on group's home partition.

@@ -286,7 +286,7 @@ func claimWaitWakesForAnyPartition(is *is.I, e *env) {
 		is.Equal(l.Group, gs[0])
 		e.ack(l)
 	}
-	is.Equal(e.count(`SELECT count(*) FROM transport_groups`), 0)
+	is.Equal(e.count(`SELECT count(*) FROM transport_groups WHERE drained_at IS NULL`), 0)
 }
 
 // operatorReadsAddUpOverPartitions: Stats adds up every partition's

@@ -293,7 +293,7 @@ func (r *rig) drain(t *testing.T) {
 // rows, the dead letters' seqs (each checked to have used its attempts),
 // and how many of those were healthy.
 func (r *rig) leftovers(t *testing.T) (msgs, grps int, dead []int64, healthyDead int) {
-	if err := r.db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups)`).Scan(&msgs, &grps); err != nil {
+	if err := r.db.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM transport_messages), (SELECT count(*) FROM transport_groups WHERE drained_at IS NULL)`).Scan(&msgs, &grps); err != nil {
 		t.Fatal(err)
 	}
 	reader, err := pgsync.New(context.Background(), r.db.Pool, quiet(r.cfg))

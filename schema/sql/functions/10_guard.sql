@@ -75,9 +75,10 @@
 -- operator's stats, listings, pause, resume and purge (70_operations.sql)
 -- with 11, the per-group state and its ack (75_state.sql) with 12, the
 -- partitions' calls (85_partitions.sql) with 13, growing a cluster
--- (90_growing.sql) with 14, and with 15 the one file split into these, by
+-- (90_growing.sql) with 14, with 15 the one file split into these, by
 -- section, and each refusal that several functions share worded once
--- (15_checks.sql).
+-- (15_checks.sql), the sweep (30_claim.sql) with 16, and with 17 the kept
+-- rows of drained groups and what revives them (20_publish.sql).
 
 -- The lost-publish guard. A publish that lands in a group while an ack
 -- drains it must not end with its message and no group row: the ack cannot
@@ -85,7 +86,10 @@
 -- shared transaction-scoped advisory lock on its group's bucket
 -- (harel_share_guard, from the trigger below), and a drainer deletes a
 -- group row only when it gets that lock exclusively without waiting
--- (harel_try_guard); otherwise it frees the row. The key is (the messages
+-- (harel_try_guard); otherwise it frees the row. (Since version 17 an ack
+-- that drains a group keeps its row, marked, and takes no lock: a claim
+-- deletes the row later, through this guard; see "Kept rows" in
+-- 30_claim.sql.) The key is (the messages
 -- table's oid, group hash mod 1024): one lock space per schema, and a batch
 -- holds at most 1024 locks. Drainers never wait, so no deadlock is possible.
 -- Advisory locks, not row locks: a row lock upgraded from FOR NO KEY UPDATE

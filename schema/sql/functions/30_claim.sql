@@ -34,12 +34,34 @@
 -- from the first slot to the cursor, unless it has found something and a
 -- claim that went round in the last 50 ms found nothing there
 -- (transport_claim_wrap, epoch ms). That walk passes the index entries of
--- every group row deleted since vacuum last ran (a drained group's row is
--- deleted, and the next publish to it creates one with a new slot), so in
+-- every group row deleted since vacuum last ran (an empty row a claim
+-- reaped, whose group's next publish creates one with a new slot), so in
 -- a queue whose consumers keep up with new groups (each claim finding the
 -- newest and going round for more) every claim paid it. A group that
 -- becomes claimable behind the cursor then waits at most a round and 50 ms.
 --
+-- Kept rows (version 17). The ack that drains a group frees its row in
+-- place and marks it (drained_at = lock_expiry = the ack's now), and the
+-- group's next publish revives it (harel_ready_groups and the trigger
+-- harel_ready_group, 20_publish.sql): a group that drains and comes back,
+-- as a stream's kept leases make most groups do, costs no row insert and
+-- delete, and its row keeps its slot. The mark is written without the
+-- lost-publish guard (so that no publisher waits for a drainer), so it
+-- can be wrong: a publish whose group insert came just before the mark,
+-- its message still uncommitted when the ack looked, revived nothing and
+-- leaves its message under a marked row. So the sweep takes a freshly
+-- marked row like any free one and reads its head: a message is handed
+-- out; none, and the row is freed again, lock_expiry moving past
+-- drained_at (at least 1 ms past, whatever the claim's clock): found
+-- empty. The sweep passes a row found empty on the heap
+-- until 2 s after its drain, as it passes a leased one, and takes it
+-- again after that, deleting it if it is still empty (the guard's
+-- try-lock, then a re-check) or, where a publisher holds the guard,
+-- freeing it again. So a group that comes back within 2 s keeps its row
+-- for good, and one that does not (a job of one message, say) costs two
+-- claim visits (one to find it empty, one to delete it) where an ack used
+-- to delete it.
+
 -- Due groups first: a group held by no one that is due before the sweep
 -- (retry_at: a failed message's backoff or a snooze's delay that has
 -- ended, a give-back, a nack with no delay or a restart at once) is taken
@@ -72,8 +94,9 @@
 -- after the locks, so never a head an earlier holder has just acked), then
 -- lease them by primary key with the head and the count in the same
 -- write. An empty group row is never leased: it is deleted (the
--- lost-publish guard's try-lock, then a re-check) or freed, and the claim
--- goes on while it has leased nothing and something else may be claimable.
+-- lost-publish guard's try-lock, then a re-check) or freed and marked
+-- (see "Kept rows"), and the claim goes on while it has leased nothing and
+-- something else may be claimable.
 
 -- harel_bury moves messages (p_seqs[i] of p_groups[i]) to
 -- transport_dead_letters with their group's priority and attempts and
@@ -245,6 +268,7 @@ BEGIN
                      WHERE c.slot >= CASE WHEN v_pass = 1 THEN v_cursor ELSE 0 END
                        AND c.slot < CASE WHEN v_pass = 1 THEN 1048576 ELSE v_cursor END
                        AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
+                       AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
                        AND c.priority >= p_min_priority AND NOT c.paused
                        AND c.group_id <> ALL (v_skip)
                        AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
@@ -314,7 +338,7 @@ BEGIN
                 UPDATE transport_groups AS g
                    SET locked_by = p_token, lock_expiry = p_lease, delivered_seq = u.s,
                        attempts = CASE WHEN g.delivered_seq = u.s THEN g.attempts + 1 ELSE 1 END,
-                       leased_at = p_now
+                       leased_at = p_now, drained_at = NULL
                   FROM unnest(v_groups, v_heads, v_events, v_pubs) AS u(gid, s, e, p)
                  WHERE u.s IS NOT NULL AND g.group_id = u.gid
                 RETURNING u.gid, u.s, u.e, g.attempts, date_part('epoch', clock_timestamp() - u.p);
@@ -322,15 +346,18 @@ BEGIN
         END IF;
 
         IF v_empty IS NOT NULL THEN
-            -- Empty group rows: delete those no publisher is mid-
-            -- transaction on (a publisher holds the group's lock, shared,
-            -- from its message insert until it commits; see
-            -- harel_hold_group), re-checked in a statement after the
-            -- try-lock; free the rest.
+            -- Empty group rows: delete those drained 2 s ago or more (or
+            -- never marked) that no publisher is mid-transaction on (a
+            -- publisher holds the group's lock, shared, from its message
+            -- insert until it commits; see harel_hold_group), re-checked
+            -- in a statement after the try-lock; free the rest, found
+            -- empty (see "Kept rows").
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE harel_try_guard(e);
+             WHERE NOT EXISTS (SELECT 1 FROM transport_groups AS g
+                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
+               AND harel_try_guard(e);
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
                  WHERE g.group_id = ANY (v_gone)
@@ -339,7 +366,8 @@ BEGIN
             )
             SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
             UPDATE transport_groups AS g
-               SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL
+               SET locked_by = NULL, lock_expiry = GREATEST(p_now, g.drained_at + 0.001), retry_at = NULL,
+                   drained_at = CASE WHEN NOT g.paused AND g.state IS NULL THEN COALESCE(g.drained_at, p_now) END
              WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_empty) EXCEPT SELECT unnest(v_gone)));
         END IF;
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL);

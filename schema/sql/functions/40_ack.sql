@@ -1,25 +1,28 @@
 -- 40_ack.sql: the ack (harel_ack, the batch round-trip harel_exchange,
--- harel_ack_claim, harel_ack_many). An ack writes its group row once.
+-- harel_ack_claim, harel_ack_many). An ack writes its group row once, in
+-- columns no index holds (HOT).
 --
--- Every rewrite of a group row is a new row version plus an entry in each
--- of its two indexes (lock_expiry is indexed, so none is HOT). So an ack
--- first looks at the group's next message, before any lock: if the ack's
--- token still holds the group, nothing but this ack can remove that message
--- (only a holder deletes messages), so what it sees is the head after the
--- ack. Then the fence is the one write: where the group looks drained, a
--- DELETE that checks the token and, after the guard's try-lock, that no
--- other message is there; otherwise an UPDATE that checks the token and
--- frees the row (or extends it, when kept). A message published meanwhile
--- is seen by the DELETE's re-check: the row is then freed instead. (Until
--- version 6, harel_ack locked the group row, a lock record in the WAL, then
--- rewrote or deleted it; harel_ack_many extended every held row as if kept,
--- then rewrote or deleted those it did not keep.)
+-- An ack first looks at the group's next message, before any lock: if the
+-- ack's token still holds the group, nothing but this ack can remove that
+-- message (only a holder deletes messages), so what it sees is the head
+-- after the ack. Then the fence is the one write: an UPDATE that checks the
+-- token and frees the row (or extends it, when kept). Where the group looks
+-- drained the same write marks it (drained_at): the row is kept for the
+-- group's next publish (see "Kept rows" in 30_claim.sql). Two rows are
+-- the exception, and are deleted when drained, after the lost-publish
+-- guard's try-lock and a re-check that no other message is there (if a
+-- publisher holds the guard, the row is freed instead): one that carries
+-- a state, so that its state is kept or dropped as the policy says
+-- (75_state.sql), and a moving group's on a partition of a growing
+-- cluster, so that its next publish goes to its new home (90_growing.sql).
+-- (Until version 17 every drained row was deleted so; until version 6,
+-- harel_ack locked the group row, a lock record in the WAL, then rewrote
+-- or deleted it.)
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group and message p_seq is still there. Otherwise it deletes
--- message p_seq and frees the group with
--- lock_expiry = p_now (so it queues behind groups served less recently), or
--- deletes the group row when it has no message left. The design's
+-- message p_seq and frees the group with lock_expiry = p_now, marked
+-- drained (drained_at = p_now) when it has no message left. The design's
 -- signature and results, but for one case: an ack whose message is already
 -- gone (a kept lease's earlier message, acked again: a kept lease reuses
 -- its token) changes nothing and reports the lease lost; the design's
@@ -33,6 +36,8 @@
 -- out a higher seq while a lower one is uncommitted; that ack names the
 -- seq it was handed, so it passes.) The batch calls answer such an entry
 -- held = false instead. No token matches a stopped group (locked_by '').
+-- Since version 17 a drained row is kept, marked, rather than deleted
+-- (see the top of this file).
 CREATE OR REPLACE FUNCTION harel_ack(
     p_group TEXT,
     p_seq   BIGINT,
@@ -45,16 +50,24 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$
+DECLARE
+    v_drained BOOLEAN;
 BEGIN
     IF harel_clock_skewed(p_now) THEN
         PERFORM harel_refuse_skew('harel_ack', p_now);
     END IF;
-    -- Drained after this ack, as far as committed data shows, and no
-    -- publisher mid-transaction on the group (it holds the group's lock,
-    -- shared; see harel_hold_group)? Then the fence deletes the row: the
-    -- DELETE runs after the try-lock, so it sees every message committed
-    -- before it.
-    IF NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq)
+    -- Drained after this ack, as far as committed data shows?
+    v_drained := NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
+    -- A drained row with a state or of a moving group (see the top of
+    -- this file), and no publisher mid-transaction on the group (it holds
+    -- the group's lock, shared; see harel_hold_group): the fence deletes
+    -- it. The DELETE runs after the try-lock, so it sees every message
+    -- committed before it.
+    IF v_drained AND EXISTS (SELECT 1 FROM transport_groups AS g
+                              WHERE g.group_id = p_group AND NOT g.paused
+                                AND (g.state IS NOT NULL
+                                     OR EXISTS (SELECT 1 FROM transport_partition AS p
+                                                 WHERE p.parts IS NOT NULL AND hashtext(g.group_id) & (p.parts - 1) <> p.part)))
        AND harel_try_guard(p_group) THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '' AND NOT g.paused
@@ -64,12 +77,15 @@ BEGIN
     END IF;
     IF NOT FOUND THEN
         -- The fence, the lock that keeps it ours until commit, and the
-        -- free. The message must still be there: a token kept across a
-        -- group's messages (harel_ack_many's keep) also holds for an
-        -- earlier message already acked, whose ack again would free the
-        -- group from under the holder of the next.
+        -- free, marked when drained (not a paused row, which stays as it
+        -- is, nor one with a state, whose delete was put off). The
+        -- message must still be there: a token kept across a group's
+        -- messages (harel_ack_many's keep) also holds for an earlier
+        -- message already acked, whose ack again would free the group
+        -- from under the holder of the next.
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL
+           SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL,
+               drained_at = CASE WHEN v_drained AND NOT g.paused AND g.state IS NULL THEN p_now END
          WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> ''
            AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
            AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);
@@ -162,14 +178,22 @@ BEGIN
                          ORDER BY m.seq
                          LIMIT 1) AS h ON true) AS x;
 
-        -- Those that look drained: the guard's try-lock, then, in a statement
-        -- after it, the fence that deletes the row if still no other message.
-        -- Every statement here reaches the rows it changes by primary key, one
+        -- Those that look drained and carry a state or are moving: the
+        -- guard's try-lock, then, in a statement after it, the fence that
+        -- deletes the row if still no other message (see the top of this
+        -- file). Every
+        -- statement here reaches the rows it changes by primary key, one
         -- input at a time: no search of an array per row, so a batch of
         -- thousands stays linear.
         IF v_drained THEN
             SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
               FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
+                                      AND EXISTS (SELECT 1 FROM transport_groups AS g
+                                                   WHERE g.group_id = u.gid AND NOT g.paused
+                                                     AND (g.state IS NOT NULL
+                                                          OR EXISTS (SELECT 1 FROM transport_partition AS p
+                                                                      WHERE p.parts IS NOT NULL
+                                                                        AND hashtext(g.group_id) & (p.parts - 1) <> p.part)))
                                 THEN harel_try_guard(u.gid)
                                 ELSE false END AS locked
                       FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
@@ -187,8 +211,9 @@ BEGIN
               FROM gone AS x;
         END IF;
 
-        -- The rest: the fence that frees the row, or extends it where kept. A
-        -- group that looked drained but was not deleted is freed. A lease
+        -- The rest: the fence that frees the row, or extends it where kept,
+        -- and marks it where drained (not a paused row, nor one with a
+        -- state: that one looked drained but was not deleted). A lease
         -- to be freed must still have its message, as in harel_ack; one to
         -- be kept need not: that is a retry of an ack that kept the group
         -- and whose answer was lost (the group then already names the next
@@ -202,7 +227,8 @@ BEGIN
                    delivered_seq = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
                    attempts      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN 1 ELSE g.attempts END,
                    leased_at     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_now ELSE g.leased_at END,
-                   retry_at      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.retry_at END
+                   retry_at      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.retry_at END,
+                   drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END
               FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
              WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
                AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)
@@ -336,7 +362,7 @@ $$;
 -- where p_keep[i] and the group has another message, the lease is kept
 -- (same token, lock_expiry = p_lease) and that next head is returned in
 -- next_seq/next_event; otherwise the group is freed with lock_expiry =
--- p_now, or its row deleted when drained (with harel_ack's guard). One row
+-- p_now, marked drained as harel_ack marks it. One row
 -- per input, in input order. It is harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[],

@@ -29,6 +29,8 @@ DECLARE
     v_seqs  BIGINT[];   -- per input: a fresh seq
     v_out   BIGINT[];   -- per input: the seq returned
     v_new   BOOLEAN[];  -- per input: stored
+    v_groups TEXT[];    -- the stored messages' groups
+    v_prios  INT[];     -- and priorities
 BEGIN
     IF cardinality(p_events) IS DISTINCT FROM cardinality(p_groups)
        OR cardinality(p_priorities) IS DISTINCT FROM cardinality(p_groups)
@@ -80,12 +82,12 @@ BEGIN
       FROM unnest(v_seqs, p_groups, p_events, v_new) WITH ORDINALITY AS u(s, g, e, n, i)
      WHERE u.n
      ORDER BY u.i;
-    INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
-    SELECT DISTINCT ON (u.g) u.g, NULL, NULL, u.p
+    SELECT array_agg(u.g ORDER BY u.i), array_agg(u.p ORDER BY u.i) INTO v_groups, v_prios
       FROM unnest(p_groups, p_priorities, v_new) WITH ORDINALITY AS u(g, p, n, i)
-     WHERE u.n
-     ORDER BY u.g, u.i
-    ON CONFLICT (group_id) DO NOTHING;
+     WHERE u.n;
+    IF v_groups IS NOT NULL THEN
+        PERFORM harel_ready_groups(v_groups, v_prios);
+    END IF;
 
     -- Expired keys, last, so that this cleanup (which never waits: SKIP
     -- LOCKED) adds no lock to the key order above.

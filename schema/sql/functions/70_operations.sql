@@ -58,7 +58,8 @@ AS $$ SELECT CASE
              END $$;
 
 -- harel_group_rows describes the groups p_groups names, in that order
--- (names with no row are left out): priority, state, the live token
+-- (names with no row are left out, and so are kept rows of drained
+-- groups: see "Kept rows" in 30_claim.sql): priority, state, the live token
 -- (holder) and when it took the group, when its lease, park or backoff
 -- ends (until; NULL for none, or a stop), its head (seq and age in
 -- seconds, by the server's clock; NULL if empty, or the age unknown for a
@@ -89,6 +90,7 @@ AS $$
              WHERE m.group_id = g.group_id
              ORDER BY m.seq
              LIMIT 1) AS h ON true
+     WHERE g.drained_at IS NULL OR h.seq IS NOT NULL
      ORDER BY u.i
 $$;
 
@@ -181,7 +183,8 @@ BEGIN
     ELSIF v_order = 'group' THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state
+                 WHERE g.drained_at IS NULL
+                   AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
     ELSIF v_order = 'held_longest' THEN
@@ -257,7 +260,7 @@ BEGIN
          WHERE m.group_id = p_group AND m.seq > COALESCE(p_after, 0)
          ORDER BY m.seq
          LIMIT p_limit;
-    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM transport_groups AS g WHERE g.group_id = p_group)
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM transport_groups AS g WHERE g.group_id = p_group AND g.drained_at IS NULL)
                  AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group) THEN
         PERFORM harel_refuse_group('harel_peek', p_group);
     END IF;
@@ -268,7 +271,7 @@ $$;
 -- harel_resume_group; a holder that has it now settles as usual; its
 -- messages, its place in the round-robin and its row (even once drained)
 -- stay. True if it changed, false if it was paused already; PT007 if
--- p_group has no row.
+-- p_group has no row (a drained group's kept row is none).
 CREATE OR REPLACE FUNCTION harel_pause_group(p_group TEXT)
 RETURNS BOOLEAN
 LANGUAGE plpgsql
@@ -280,7 +283,10 @@ AS $$
 DECLARE
     v_paused BOOLEAN;
 BEGIN
-    SELECT g.paused INTO v_paused FROM transport_groups AS g WHERE g.group_id = p_group FOR NO KEY UPDATE;
+    SELECT g.paused INTO v_paused FROM transport_groups AS g
+     WHERE g.group_id = p_group
+       AND (g.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group))
+       FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM harel_refuse_group('harel_pause_group', p_group);
     END IF;
@@ -348,7 +354,7 @@ $$;
 -- if drained (with the lost-publish guard: a message a
 -- publisher is committing meanwhile is kept, and so is its group row; a
 -- paused group's row is kept). A p_limit of 0 or less is refused (22023);
--- PT007 if p_group has no row. Messages a concurrent publish commits
+-- PT007 if p_group has no row (a drained group's kept row is none). Messages a concurrent publish commits
 -- after this call's statement starts are not deleted.
 CREATE OR REPLACE FUNCTION harel_purge_group(
     p_group TEXT,
@@ -372,7 +378,10 @@ BEGIN
     IF harel_clock_skewed(v_now) THEN
         PERFORM harel_refuse_skew('harel_purge_group', p_now);
     END IF;
-    PERFORM 1 FROM transport_groups AS g WHERE g.group_id = p_group FOR NO KEY UPDATE;
+    PERFORM 1 FROM transport_groups AS g
+      WHERE g.group_id = p_group
+        AND (g.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group))
+        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM harel_refuse_group('harel_purge_group', p_group);
     END IF;
@@ -390,7 +399,8 @@ BEGIN
     END IF;
     IF NOT v_gone THEN
         UPDATE transport_groups AS g
-           SET locked_by = NULL, lock_expiry = v_now, delivered_seq = NULL, attempts = 0, leased_at = NULL, retry_at = NULL
+           SET locked_by = NULL, lock_expiry = v_now, delivered_seq = NULL, attempts = 0, leased_at = NULL, retry_at = NULL,
+               drained_at = NULL
          WHERE g.group_id = p_group;
         -- Claimable now if it has messages and is not paused: wake idle
         -- consumers that would take it.
@@ -459,7 +469,8 @@ $$;
 -- total counts them all); at is the server's clock.
 --
 -- Cost, and what is exact. Paused groups are counted exactly, through
--- the partial index of paused groups. All groups (and among them the
+-- the partial index of paused groups. Kept rows of drained groups (see
+-- "Kept rows" in 30_claim.sql) are not groups. All groups (and among them the
 -- leased, parked and stopped ones, which no index holds), messages and
 -- dead letters are counted exactly up to
 -- 100,000 rows each; past that they are estimated from a random sample of
@@ -531,15 +542,18 @@ BEGIN
     SELECT count(*) INTO v_n FROM (SELECT 1 FROM transport_groups AS g LIMIT c_exact + 1) AS x;
     v_pct := harel_sample_pct(v_n, c_exact, 'transport_groups');
     v_gexact := v_pct >= 100;
+    -- The kept rows are counted too, as a sixth priority, so that the
+    -- scaling splits the table's rows between them and the groups.
     SELECT array_agg(COALESCE(x.n, 0) ORDER BY p.p), array_agg(COALESCE(x.leased, 0) ORDER BY p.p),
            array_agg(COALESCE(x.parked, 0) ORDER BY p.p), array_agg(COALESCE(x.stopped, 0) ORDER BY p.p)
       INTO v_groups, v_leased, v_parked, v_stopped
-      FROM generate_series(0, 4) AS p(p)
-      LEFT JOIN (SELECT s.priority, count(*) AS n,
-                        count(*) FILTER (WHERE s.st = 'leased') AS leased,
-                        count(*) FILTER (WHERE s.st = 'parked') AS parked,
-                        count(*) FILTER (WHERE s.st = 'stopped') AS stopped
-                   FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st
+      FROM generate_series(0, 5) AS p(p)
+      LEFT JOIN (SELECT CASE WHEN s.kept THEN 5 ELSE s.priority END AS priority, count(*) AS n,
+                        count(*) FILTER (WHERE s.st = 'leased' AND NOT s.kept) AS leased,
+                        count(*) FILTER (WHERE s.st = 'parked' AND NOT s.kept) AS parked,
+                        count(*) FILTER (WHERE s.st = 'stopped' AND NOT s.kept) AS stopped
+                   FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st,
+                                g.drained_at IS NOT NULL AS kept
                            FROM transport_groups AS g TABLESAMPLE SYSTEM (v_pct)) AS s
                   GROUP BY 1) AS x ON x.priority = p.p;
     IF NOT v_gexact THEN
@@ -551,6 +565,7 @@ BEGIN
         v_parked := ARRAY(SELECT round(x * v_factor)::bigint FROM unnest(v_parked) WITH ORDINALITY AS u(x, i) ORDER BY i);
         v_stopped := ARRAY(SELECT round(x * v_factor)::bigint FROM unnest(v_stopped) WITH ORDINALITY AS u(x, i) ORDER BY i);
     END IF;
+    v_groups := v_groups[1:5]; v_leased := v_leased[1:5]; v_parked := v_parked[1:5]; v_stopped := v_stopped[1:5];
     FOR i IN 1..5 LOOP
         -- An estimate is never below the exact part of it.
         v_groups[i] := greatest(v_groups[i], v_leased[i] + v_parked[i] + v_stopped[i] + v_paused[i]);
