@@ -154,3 +154,38 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	r, _ := rowOf("h")
 	is.True(!r.Drained) // the lease cleared the mark
 }
+
+// TestClaimGoesPastManyKeptRows: a claim of 1 that meets more freshly
+// kept rows than it used to try (8) before the group that has a message
+// still hands that group out ("Kept rows" in functions/30_claim.sql): a
+// claim leases something when anything is claimable.
+func TestClaimGoesPastManyKeptRows(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('k' || lpad(i::text, 2, '0'), 'e', 0) FROM generate_series(1, 20) AS i`)
+	is.NoErr(err)
+	rows, err := c.Query(ctx(t), `SELECT group_id, seq FROM harel_claim_leases(1000, 1060, 'w', 0, 20)`)
+	is.NoErr(err)
+	type lease struct {
+		Group string
+		Seq   int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[lease])
+	is.NoErr(err)
+	is.Equal(len(got), 20)
+	for _, l := range got {
+		var ok bool
+		is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w', 1001)`, l.Group, l.Seq).Scan(&ok))
+		is.True(ok)
+	}
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_cursor', 0)`) // the sweep starts before the kept rows
+	is.NoErr(err)
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('last', 'e', 0)`)
+	is.NoErr(err)
+	var g string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1001.5, 1060, 'w')`).Scan(&g))
+	is.Equal(g, "last") // past 20 kept rows, read and found empty one by one
+}

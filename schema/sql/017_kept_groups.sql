@@ -11,15 +11,15 @@
 -- groups, autovacuum off: 158 MB after 30 s, 393 MB after 90 s).
 --
 -- Now the ack frees the drained row in place (HOT) and marks it:
---   - drained_at: when its last message was acked (epoch seconds, server
---     clock); NULL while it has messages. A hint, never a filter: a claim
---     reads every group's head, so a row marked while a publish of it was
---     still uncommitted is claimed all the same. The next publish revives
---     the row (the trigger harel_ready_group: its priority becomes the
---     publish's, the mark goes, idle consumers are woken), and a claim
---     that finds the row still empty a round later deletes it, as it
---     always deleted the empty rows it met (functions/30_claim.sql, "Kept
---     rows").
+--   - drained_at: when its last message was acked (epoch seconds, the
+--     ack's now, as lock_expiry is); NULL while it has messages. The next
+--     publish revives the row (its priority becomes the publish's, the
+--     mark goes, idle consumers are woken). A claim reads a marked row's
+--     head once (the mark is a hint: one written while a publish to the
+--     group was uncommitted covers that message), passes it once found
+--     empty, and deletes it if it is still empty 2 s after the drain, as
+--     it always deleted the empty rows it met (functions/30_claim.sql,
+--     "Kept rows").
 -- A nullable column with no default: added without rewriting the table.
 -- Rows already there are groups with messages, or empty ones a claim
 -- deletes when it meets them.

@@ -524,15 +524,15 @@ ALTER TABLE transport_groups SET (fillfactor = 30);
 -- groups, autovacuum off: 158 MB after 30 s, 393 MB after 90 s).
 --
 -- Now the ack frees the drained row in place (HOT) and marks it:
---   - drained_at: when its last message was acked (epoch seconds, server
---     clock); NULL while it has messages. A hint, never a filter: a claim
---     reads every group's head, so a row marked while a publish of it was
---     still uncommitted is claimed all the same. The next publish revives
---     the row (the trigger harel_ready_group: its priority becomes the
---     publish's, the mark goes, idle consumers are woken), and a claim
---     that finds the row still empty a round later deletes it, as it
---     always deleted the empty rows it met (functions/30_claim.sql, "Kept
---     rows").
+--   - drained_at: when its last message was acked (epoch seconds, the
+--     ack's now, as lock_expiry is); NULL while it has messages. The next
+--     publish revives the row (its priority becomes the publish's, the
+--     mark goes, idle consumers are woken). A claim reads a marked row's
+--     head once (the mark is a hint: one written while a publish to the
+--     group was uncommitted covers that message), passes it once found
+--     empty, and deletes it if it is still empty 2 s after the drain, as
+--     it always deleted the empty rows it met (functions/30_claim.sql,
+--     "Kept rows").
 -- A nullable column with no default: added without rewriting the table.
 -- Rows already there are groups with messages, or empty ones a claim
 -- deletes when it meets them.
@@ -1300,8 +1300,13 @@ BEGIN
     END IF;
     SELECT c.last_value, w.last_value INTO v_cursor, v_wrap FROM transport_claim_cursor AS c, transport_claim_wrap AS w;
     -- Again only while nothing was leased and the groups picked were
-    -- empty or stopped: a claim leases something when anything is claimable.
-    FOR v_try IN 1..8 LOOP
+    -- empty or stopped: a claim leases something when anything is
+    -- claimable. Each round goes past what the last one picked (deleted,
+    -- found empty, or in v_skip), so the loop ends: with a lease, or when
+    -- a walk finds nothing. (Until version 17 it gave up after 8 rounds;
+    -- with kept rows a claim of 1 could meet more empty rows than that in
+    -- a row, and return nothing while a group waited.)
+    LOOP
         -- Pick and lock: due groups first, then the sweep from the cursor
         -- to the last slot and on from the first (see "The sweep" above).
         SELECT array_agg(c.group_id), array_agg(c.delivered_seq), array_agg(c.attempts)
@@ -1417,9 +1422,10 @@ BEGIN
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE NOT EXISTS (SELECT 1 FROM transport_groups AS g
-                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
-               AND harel_try_guard(e);
+             WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_groups AS g
+                                      WHERE g.group_id = e AND g.drained_at >= p_now - 2)
+                        THEN false  -- kept: found empty, not deleted
+                        ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
                  WHERE g.group_id = ANY (v_gone)
@@ -1934,7 +1940,7 @@ $$;
 -- harel_drop_head moves p_group's message p_seq, which the caller fenced
 -- (harel_fenced_attempts), to the dead letters with p_error, and the group
 -- goes on: freed with lock_expiry = p_now, or its row deleted when drained
--- (with harel_ack's guard), as an ack would leave it.
+-- (with the lost-publish guard; only acks keep a drained row).
 CREATE OR REPLACE FUNCTION harel_drop_head(
     p_group TEXT,
     p_seq   BIGINT,
@@ -1982,7 +1988,7 @@ $$;
 --   'dead': max_attempts used. The message moves to
 --     transport_dead_letters with p_error, and the group goes on: freed
 --     with lock_expiry = p_now, or its row deleted when drained (with
---     harel_ack's guard), as an ack would leave it.
+--     the lost-publish guard; only acks keep a drained row).
 --   'stopped': max_attempts used and the policy is 'stop': p_error is
 --     recorded, the message stays at the head, and the group is stopped
 --     until harel_restart_group.
@@ -2744,7 +2750,7 @@ BEGIN
     ELSIF v_order = 'group' THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE g.drained_at IS NULL
+                 WHERE (g.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id))
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;

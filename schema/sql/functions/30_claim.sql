@@ -238,8 +238,13 @@ BEGIN
     END IF;
     SELECT c.last_value, w.last_value INTO v_cursor, v_wrap FROM transport_claim_cursor AS c, transport_claim_wrap AS w;
     -- Again only while nothing was leased and the groups picked were
-    -- empty or stopped: a claim leases something when anything is claimable.
-    FOR v_try IN 1..8 LOOP
+    -- empty or stopped: a claim leases something when anything is
+    -- claimable. Each round goes past what the last one picked (deleted,
+    -- found empty, or in v_skip), so the loop ends: with a lease, or when
+    -- a walk finds nothing. (Until version 17 it gave up after 8 rounds;
+    -- with kept rows a claim of 1 could meet more empty rows than that in
+    -- a row, and return nothing while a group waited.)
+    LOOP
         -- Pick and lock: due groups first, then the sweep from the cursor
         -- to the last slot and on from the first (see "The sweep" above).
         SELECT array_agg(c.group_id), array_agg(c.delivered_seq), array_agg(c.attempts)
@@ -355,9 +360,10 @@ BEGIN
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE NOT EXISTS (SELECT 1 FROM transport_groups AS g
-                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
-               AND harel_try_guard(e);
+             WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_groups AS g
+                                      WHERE g.group_id = e AND g.drained_at >= p_now - 2)
+                        THEN false  -- kept: found empty, not deleted
+                        ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
                  WHERE g.group_id = ANY (v_gone)

@@ -31,7 +31,7 @@ $$;
 -- harel_drop_head moves p_group's message p_seq, which the caller fenced
 -- (harel_fenced_attempts), to the dead letters with p_error, and the group
 -- goes on: freed with lock_expiry = p_now, or its row deleted when drained
--- (with harel_ack's guard), as an ack would leave it.
+-- (with the lost-publish guard; only acks keep a drained row).
 CREATE OR REPLACE FUNCTION harel_drop_head(
     p_group TEXT,
     p_seq   BIGINT,
@@ -79,7 +79,7 @@ $$;
 --   'dead': max_attempts used. The message moves to
 --     transport_dead_letters with p_error, and the group goes on: freed
 --     with lock_expiry = p_now, or its row deleted when drained (with
---     harel_ack's guard), as an ack would leave it.
+--     the lost-publish guard; only acks keep a drained row).
 --   'stopped': max_attempts used and the policy is 'stop': p_error is
 --     recorded, the message stays at the head, and the group is stopped
 --     until harel_restart_group.

@@ -183,7 +183,7 @@ BEGIN
     ELSIF v_order = 'group' THEN
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE g.drained_at IS NULL
+                 WHERE (g.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id))
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
