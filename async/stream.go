@@ -522,7 +522,7 @@ func (s *stream) exchange(ctx context.Context, acks []ackRequest, limit int) (go
 	defer cancel()
 	start := time.Now()
 	// Lost acks are reported once resolve has settled those in doubt.
-	settled, claimed, err := s.p.core.ExchangeLostUnreported(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
+	settled, claimed, err := s.p.core.StreamExchange(rctx, leases, true, s.cfg.WorkerID, s.cfg.Visibility, s.cfg.MinPriority, max(limit, 0))
 	if err != nil {
 		return 0, 0, 0, s.failed(acks, reserved, limit, err)
 	}

@@ -15,7 +15,8 @@ import (
 // TestDrainedRowIsKeptAndRevived is "Kept rows" in functions/30_claim.sql,
 // through the design's plain SQL: the ack that drains a group keeps its
 // row, freed and marked, in place; the group's next two-INSERT publish
-// revives that row (same slot, the new publish's priority, the mark gone)
+// revives that row (same slot while the rounds do not rest, the new
+// publish's priority, the mark gone)
 // and wakes an idle consumer as a new group would, and so does
 // harel_publish_many; a claim that finds the row empty leaves it, later
 // claims pass it until 2 s after the drain, and the first one after that

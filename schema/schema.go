@@ -590,7 +590,7 @@ func Grants(schema, role string) (string, error) {
 			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states TO " + r,
 		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy, " + s + ".transport_partition TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
-		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_slot, " + s + ".transport_claim_cursor, " + s + ".transport_claim_wrap TO " + r,
+		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_slot, " + s + ".transport_claim_cursor, " + s + ".transport_claim_wrap, " + s + ".transport_claim_rest TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
 	}, ";\n") + ";\n", nil
 }

@@ -191,6 +191,8 @@ func TestSweepGoesRoundWithin50ms(t *testing.T) {
 	var seq int64
 	is.NoErr(c.QueryRow(ctx(t), `SELECT delivered_seq FROM transport_groups WHERE group_id = 'behind'`).Scan(&seq))
 	is.Equal(len(claim(1000.01, 10)), 0) // nothing claimable: went round, found nothing
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_rest', 0)`)
+	is.NoErr(err) // however long that round took on a loaded machine: the 50 ms alone (TestCostlyRoundRests has the rest)
 	_, err = c.Exec(ctx(t), `SELECT harel_ack('behind', $1, 'w', 1000.01), harel_publish('ahead', 'e', 0)`, seq)
 	is.NoErr(err)
 	is.Equal(claim(1000.02, 10), []string{"ahead"}) // behind the cursor, skipped within 50 ms of the empty round
@@ -203,4 +205,80 @@ func TestSweepGoesRoundWithin50ms(t *testing.T) {
 	_, err = c.Exec(ctx(t), `SELECT harel_publish('ahead', 'e2', 0)`)
 	is.NoErr(err)
 	is.Equal(claim(1000.13, 10), []string{"ahead"}) // drained and published again: a new row, ahead of the cursor
+}
+
+// TestCostlyRoundRests: a round from the first slot that leased nothing
+// and took 5 ms or more rests the rounds ("Going round" in
+// functions/30_claim.sql): until the rest ends, a claim that found
+// something ahead of the cursor, and a stream's exchange (p_rest), skip
+// the round, while a claim that found nothing still goes
+// round and hands out the group behind the cursor; and a drained group
+// that comes back is revived at the end of the round, ahead of the
+// cursor, where the resting claims find it.
+func TestCostlyRoundRests(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	type lease struct {
+		Kind  string
+		Group string
+		Seq   *int64
+	}
+	claim := func(now float64, limit int) []string {
+		t.Helper()
+		rows, err := c.Query(ctx(t), `SELECT group_id FROM harel_claim_leases($1::float8, $1::float8 + 60, 'w', 0, $2) ORDER BY 1`, now, limit)
+		is.NoErr(err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		is.NoErr(err)
+		return got
+	}
+	restsUntil := func() int64 {
+		t.Helper()
+		var until, now int64
+		is.NoErr(c.QueryRow(ctx(t), `SELECT last_value, floor(date_part('epoch', clock_timestamp()) * 1000)::bigint FROM transport_claim_rest`).Scan(&until, &now))
+		return until - now
+	}
+	// 200,000 rows a round must pass (held by others), and one group
+	// behind the cursor.
+	_, err := c.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+	                          SELECT 'held' || i, 'other', 1e12, 0 FROM generate_series(1, 200000) AS i`)
+	is.NoErr(err)
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('behind', 'e1', 0), harel_publish('behind', 'e2', 0)`)
+	is.NoErr(err)
+	is.Equal(claim(1000, 10), []string{"behind"})
+	is.Equal(len(claim(1000.01, 10)), 0) // went round past 200,000 rows, found nothing
+	rest := restsUntil()
+	is.True(rest > 0)     // a costly round: the rounds rest
+	is.True(rest <= 2000) // at most 2 s
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_rest', floor(date_part('epoch', clock_timestamp()) * 1000 + 60000)::bigint)`)
+	is.NoErr(err) // a minute, so that the test does not race the clock
+	var seq int64
+	is.NoErr(c.QueryRow(ctx(t), `SELECT delivered_seq FROM transport_groups WHERE group_id = 'behind'`).Scan(&seq))
+	_, err = c.Exec(ctx(t), `SELECT harel_ack('behind', $1, 'w', 1000.02), harel_publish('ahead', 'e', 0)`, seq)
+	is.NoErr(err) // 'behind' is free with a message left, behind the cursor
+
+	is.Equal(claim(1000.2, 10), []string{"ahead"}) // found something: no round while resting
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM transport_messages WHERE group_id = 'ahead'`).Scan(&seq))
+	rows, err := c.Query(ctx(t), `SELECT kind::text, group_id, seq FROM harel_exchange_leases(1000.3, 1060, 'w', 0, 10, '{ahead}', $1, '{w}', '{false}', true)`, []int64{seq})
+	is.NoErr(err)
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[lease])
+	is.NoErr(err)
+	is.Equal(len(got), 1) // the stream's exchange settled 'ahead' and, resting, claimed nothing
+	is.Equal(got[0].Kind+"/"+got[0].Group, "a/ahead")
+	var n int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_exchange_leases(1000.31, 1060, 'w', 0, 10, '{}', '{}', '{}', '{}') WHERE group_id = 'behind'`).Scan(&n))
+	is.Equal(n, 1) // without p_rest it goes round and finds 'behind'
+
+	var slot, revived int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT slot FROM transport_groups WHERE group_id = 'ahead'`).Scan(&slot))
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('ahead', 'e2', 0)`)
+	is.NoErr(err)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT slot FROM transport_groups WHERE group_id = 'ahead'`).Scan(&revived))
+	is.True(revived > slot) // revived at the end of the round
+	// At 1061 that lease of 'behind' has lapsed: claimable again, in its
+	// place behind the cursor.
+	is.Equal(claim(1061, 1), []string{"ahead"})   // ahead of the cursor: found while resting
+	is.Equal(claim(1062, 10), []string{"behind"}) // found nothing ahead: went round all the same
 }

@@ -249,24 +249,28 @@ func (c *Core) settle(ctx context.Context, leases []*pgtransport.Lease, keep boo
 // stream, wakes Freed(settled) others, passing over its own ticket.
 func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	t0 := c.timer()
-	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
+	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit, false)
 	c.observeExchange(t0, len(acks), limit, settled, claimed, err)
 	c.reportLost(settled)
 	return settled, claimed, err
 }
 
-// ExchangeLostUnreported is Exchange that leaves the acks it finds lost
-// unreported (LeaseLost: the log and the observer), for a caller that may
-// yet find such an ack applied (an async stream retrying an ack whose
-// reply was lost) and reports those it calls lost in the end itself.
-func (c *Core) ExchangeLostUnreported(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
+// StreamExchange is Exchange for an async stream. It leaves the acks it
+// finds lost unreported (LeaseLost: the log and the observer), since the
+// stream may yet find such an ack applied (retrying an ack whose reply was
+// lost) and reports those it calls lost in the end itself. And its claim
+// may rest: while a costly walk from the first slot found nothing a moment
+// ago, it may return no lease though a group behind the sweep's cursor is
+// claimable ("Going round" in schema/sql/functions/30_claim.sql), which a
+// stream, waiting for a wake-up or its IdleSweep, asks again for.
+func (c *Core) StreamExchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	t0 := c.timer()
-	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit)
+	settled, claimed, err := c.exchange(ctx, acks, keep, workerID, visibility, minPriority, limit, true)
 	c.observeExchange(t0, len(acks), limit, settled, claimed, err)
 	return settled, claimed, err
 }
 
-func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
+func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int, rest bool) ([]Settled, []*pgtransport.Lease, error) {
 	if limit > 0 || workerID != "" {
 		if err := CheckClaim(workerID, visibility, minPriority); err != nil {
 			return nil, nil, fmt.Errorf("exchange: %w", err)
@@ -299,7 +303,7 @@ func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 	}
 	defer done()
 	sent := time.Now()
-	rows, err := db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps)
+	rows, err := db.Query(ctx, c.q.exchange, c.now(), visibility.Seconds(), token, minPriority, limit, groups, seqs, tokens, keeps, rest)
 	if err != nil {
 		return nil, nil, mapErr("exchange", err)
 	}

@@ -105,11 +105,12 @@ const (
 	pendingSQL = `SELECT p.i::int FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS p(g, s, i)
  WHERE EXISTS (SELECT 1 FROM {s}transport_messages AS m WHERE m.seq = p.s AND m.group_id = p.g)`
 
-	// exchangeSQL settles ($6-$9) and claims ($3-$5) in one round-trip.
+	// exchangeSQL settles ($6-$9) and claims ($3-$5) in one round-trip;
+	// $10: the claim may rest ("Going round" in schema/sql/functions/30_claim.sql).
 	exchangeSQL = `SELECT e.kind::text, e.group_id, e.held, e.seq, e.event, e.attempt, e.age
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
        LATERAL {s}harel_exchange_leases(t.now, t.now + $2::float8, $3::text, $4::int, $5::int,
-                                        $6::text[], $7::bigint[], $8::text[], $9::bool[]) AS e`
+                                        $6::text[], $7::bigint[], $8::text[], $9::bool[], $10::bool) AS e`
 
 	// The dead-letter calls and the restart of a stopped group. A NULL
 	// group or seq list means all.

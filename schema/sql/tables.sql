@@ -55,9 +55,12 @@ CREATE INDEX transport_messages_group
 -- created, through 2^20 values and round again; the slot the next claim
 -- starts from; when a claim that went round from the first slot last found
 -- nothing, in epoch milliseconds (functions/30_claim.sql, "The sweep"). (016)
+-- Until when no claim goes round, in epoch milliseconds of the server's
+-- clock ("Going round"). (018)
 CREATE SEQUENCE transport_groups_slot AS INT MINVALUE 0 MAXVALUE 1048575 START 0 CYCLE;
 CREATE SEQUENCE transport_claim_cursor AS INT MINVALUE 0 MAXVALUE 1048576 START 0;
 CREATE SEQUENCE transport_claim_wrap AS BIGINT MINVALUE 0 START 0;
+CREATE SEQUENCE transport_claim_rest AS BIGINT MINVALUE 0 START 0;
 
 -- One row per group that has messages (or is paused, or drained a moment
 -- ago: drained_at): who holds it, until when, and what a claim handed

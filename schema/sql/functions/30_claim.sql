@@ -2,8 +2,9 @@
 -- share: the sweep, the hand-out count, dead-lettering a spent head).
 --
 -- The sweep (version 16). Every group row has a slot, numbered when the row
--- is created (transport_groups_slot, which cycles through 2^20 values) and
--- never written again, and the claims go round the slots in order: a claim
+-- is created or revived (transport_groups_slot, which cycles through 2^20
+-- values) and not written otherwise, and the claims go round the slots in
+-- order: a claim
 -- starts at the cursor (transport_claim_cursor, the slot after the last
 -- one a claim took), takes the claimable groups it meets up to its limit,
 -- on to the last slot and then from the first, and moves the cursor past
@@ -21,31 +22,52 @@
 -- the cursor: before it comes round again, every other group claimable
 -- throughout is handed out at most once, so it waits at most as many
 -- hand-outs as there are claimable groups (TestSweepServesEachGroupOncePerRound),
--- and at most 50 ms more (see "Going round" below).
--- New groups have the highest slots, in the order they arrived, so they
--- come after the groups already waiting and before those served since:
--- round-robin by arrival. Only a claim that admits every priority moves
--- the cursor (one with a floor would move it past groups it cannot see);
--- concurrent claims start from the same cursor and skip each other's rows
--- (SKIP LOCKED), and a cursor one of them set back costs the next claim a
--- walk past rows just leased, nothing else.
+-- and at most 50 ms more, or 2 s where rounds cost 5 ms or more (see
+-- "Going round" below).
+-- New groups, and drained groups that come back while rounds are costly
+-- (version 18, "Kept rows"), have the highest slots, in the order they arrived, so they come after the groups
+-- already waiting and before those served since: round-robin by arrival.
+-- Only a claim that admits every priority moves the cursor (one with a
+-- floor would move it past groups it cannot see), and a round (below)
+-- moves it back only when it leased something (version 18: a round that
+-- met only empty rows used to set it back among them, and the claims
+-- after it walked again what it had); concurrent claims start from the
+-- same cursor and skip each other's rows (SKIP LOCKED), and a cursor one
+-- of them set back costs the next claim a walk past rows just leased,
+-- nothing else.
 --
 -- Going round. A claim that reaches the last slot with room left goes on
--- from the first slot to the cursor, unless it has found something and a
--- claim that went round in the last 50 ms found nothing there
--- (transport_claim_wrap, epoch ms). That walk passes the index entries of
--- every group row deleted since vacuum last ran (an empty row a claim
--- reaped, whose group's next publish creates one with a new slot), so in
--- a queue whose consumers keep up with new groups (each claim finding the
--- newest and going round for more) every claim paid it. A group that
--- becomes claimable behind the cursor then waits at most a round and 50 ms.
+-- from the first slot to the cursor (a round), unless it has found
+-- something and a round that leased nothing (it found no row, or only
+-- empty ones) ended in the last 50 ms (transport_claim_wrap, epoch ms of
+-- the claim's clock) or, where that round took 5 ms or more, rests the
+-- rounds: 9 times what it took, at most 2 s (transport_claim_rest, epoch
+-- ms of the server's clock; harel_rest_rounds). A round passes the index
+-- entries of every slot a row has left since vacuum last ran (a row
+-- reaped, or revived to a new slot) and, while a snapshot holds vacuum
+-- back, every version since, so in a queue whose consumers keep up with
+-- new groups (each claim finding the newest and going round for more)
+-- every claim paid it; under a 5-minute snapshot at 1,000 msgs/s a round
+-- took 50-370 ms. The rest caps what rounds cost the claims that find
+-- something, and a stream's exchange (harel_exchange_leases with p_rest:
+-- a stream that finds nothing waits for a wake-up or its IdleSweep and
+-- asks again). Any other claim that has found nothing goes
+-- round, so harel_claim and harel_claim_leases lease something when
+-- anything is claimable. A group that becomes claimable behind the cursor
+-- (a lapsed lease, a group freed with messages left, a message under a
+-- wrong mark) waits for the next such claim, or at most the rest (2 s)
+-- and a round. Where the slots have come round past the cursor (new rows
+-- behind it) nothing rests.
 --
 -- Kept rows (version 17). The ack that drains a group frees its row in
 -- place and marks it (drained_at = lock_expiry = the ack's now), and the
 -- group's next publish revives it (harel_ready_groups and the trigger
 -- harel_ready_group, 20_publish.sql): a group that drains and comes back,
 -- as a stream's kept leases make most groups do, costs no row insert and
--- delete, and its row keeps its slot. The mark is written without the
+-- delete. Where rounds are costly (see "Going round"), the revival of a
+-- row behind the cursor gives it a new slot (version 18), the end of the
+-- round as for a new group, so claims that keep up with arrivals find it
+-- ahead of the cursor rather than on a round. The mark is written without the
 -- lost-publish guard (so that no publisher waits for a drainer), so it
 -- can be wrong: a publish whose group insert came just before the mark,
 -- its message still uncommitted when the ack looked, revived nothing and
@@ -180,21 +202,53 @@ BEGIN
 END
 $$;
 
+-- harel_rest_rounds records a round from the first slot that leased
+-- nothing, begun at p_t0 by a claim whose clock says p_now (see "Going
+-- round"): transport_claim_wrap becomes p_now in epoch ms, and, where the
+-- round took 5 ms or more, transport_claim_rest 9 times that past the
+-- server's now, at most 2 s (never earlier than p_rest, the rest the
+-- claim read). Returns the two.
+CREATE OR REPLACE FUNCTION harel_rest_rounds(
+    p_now  DOUBLE PRECISION,
+    p_t0   TIMESTAMPTZ,
+    p_rest BIGINT,
+    OUT wrap BIGINT,
+    OUT rest BIGINT)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_ms DOUBLE PRECISION := date_part('epoch', clock_timestamp() - p_t0) * 1000;
+BEGIN
+    wrap := setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+    rest := p_rest;
+    IF v_ms >= 5 THEN
+        rest := setval('transport_claim_rest',
+                       GREATEST(p_rest, floor(date_part('epoch', clock_timestamp()) * 1000 + LEAST(9 * v_ms, 2000))::BIGINT));
+    END IF;
+END
+$$;
+
 -- harel_sweep is the claim: it leases up to p_limit claimable groups
 -- (priority >= p_min_priority) to p_token, due groups first and then the
 -- sweep from the cursor (see "The sweep" above), and returns the head of
 -- each, in no particular order, with its attempt (1 on the first
 -- hand-out) and its age in seconds (server clock; NULL for a message
 -- queued before version 10). p_caller names the function called in a
--- refusal. harel_claim_one and harel_claim_leases are its limits of one
--- and of many.
+-- refusal. p_rest: the claim may skip a round while the rounds rest even
+-- when it has found nothing (a stream's exchange; see "Going round"). harel_claim_one and
+-- harel_claim_leases are its limits of one and of many.
 CREATE OR REPLACE FUNCTION harel_sweep(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
     p_token        TEXT,
     p_min_priority INT,
     p_limit        INT,
-    p_caller       TEXT)
+    p_caller       TEXT,
+    p_rest         BOOLEAN DEFAULT false)
 RETURNS TABLE (group_id TEXT, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -217,9 +271,13 @@ DECLARE
     v_skip    TEXT[] := '{}';  -- picked by this call and not leased: not again
     v_cursor  INT;
     v_wrap    BIGINT;    -- when a claim that went round last found nothing (epoch ms)
-    v_last    INT;       -- the last slot a walk took
+    v_last    INT;       -- the last slot the walk from the cursor took
+    v_rlast   INT;       -- the last slot the round took
     v_max     INT;
-    v_wrapped BOOLEAN;
+    v_rest    BIGINT;    -- until when no claim goes round (epoch ms, server clock)
+    v_newest  INT;       -- the slot the newest group row took
+    v_round   TEXT[];    -- what this walk's round from the first slot picked
+    v_t0      TIMESTAMPTZ;  -- when it began
     v_n       INT;
     v_leased  INT;
 BEGIN
@@ -236,7 +294,8 @@ BEGIN
     IF harel_clock_skewed(p_now) THEN
         PERFORM harel_refuse_skew(p_caller, p_now);
     END IF;
-    SELECT c.last_value, w.last_value INTO v_cursor, v_wrap FROM transport_claim_cursor AS c, transport_claim_wrap AS w;
+    SELECT c.last_value, w.last_value, r.last_value, n.last_value INTO v_cursor, v_wrap, v_rest, v_newest
+      FROM transport_claim_cursor AS c, transport_claim_wrap AS w, transport_claim_rest AS r, transport_groups_slot AS n;
     -- Again only while nothing was leased and the groups picked were
     -- empty or stopped: a claim leases something when anything is
     -- claimable. Each round goes past what the last one picked (deleted,
@@ -258,13 +317,21 @@ BEGIN
                  LIMIT p_limit
                    FOR NO KEY UPDATE SKIP LOCKED) AS c;
         v_last := NULL;
-        v_wrapped := false;
+        v_rlast := NULL;
+        v_round := NULL;
         FOR v_pass IN 1..2 LOOP
             v_n := COALESCE(cardinality(v_groups), 0);
             EXIT WHEN v_n >= p_limit;
             -- Round from the first slot unless something was found and a
-            -- round in the last 50 ms found nothing (see "Going round").
+            -- round that leased nothing was in the last 50 ms, or took 5 ms
+            -- or more and rests the rounds, while no slot has come round
+            -- behind the cursor (see "Going round").
             EXIT WHEN v_pass = 2 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 50;
+            EXIT WHEN v_pass = 2 AND (v_n > 0 OR p_rest) AND v_newest + 1 >= v_cursor
+                  AND date_part('epoch', clock_timestamp()) * 1000 < v_rest;
+            IF v_pass = 2 THEN
+                v_t0 := clock_timestamp();
+            END IF;
             SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
                    COALESCE(v_atts, '{}') || array_agg(c.attempts), max(c.slot)
               INTO v_groups, v_dseqs, v_atts, v_max
@@ -280,22 +347,25 @@ BEGIN
                      ORDER BY c.slot
                      LIMIT p_limit - v_n
                        FOR NO KEY UPDATE SKIP LOCKED) AS c;
-            IF v_max IS NOT NULL THEN
+            IF v_pass = 1 THEN
                 v_last := v_max;
-                v_wrapped := v_pass = 2;
-            ELSIF v_pass = 2 AND p_min_priority <= 0 THEN
-                PERFORM setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+            ELSE
+                v_round := COALESCE(v_groups[v_n + 1:], '{}');
+                v_rlast := v_max;
             END IF;
         END LOOP;
         IF v_last IS NOT NULL AND p_min_priority <= 0 THEN
             -- Past the last slot taken; not back behind a concurrent
-            -- claim's unless this one went round.
-            IF v_wrapped OR v_last >= (SELECT c.last_value FROM transport_claim_cursor AS c) THEN
+            -- claim's. (Back to a round's, below, only if it leased.)
+            IF v_last >= (SELECT c.last_value FROM transport_claim_cursor AS c) THEN
                 PERFORM setval('transport_claim_cursor', v_last + 1);
             END IF;
             v_cursor := v_last + 1;
         END IF;
         IF v_groups IS NULL THEN
+            IF v_round IS NOT NULL AND p_min_priority <= 0 THEN
+                PERFORM harel_rest_rounds(p_now, v_t0, v_rest);
+            END IF;
             RETURN;
         END IF;
 
@@ -375,6 +445,19 @@ BEGIN
                SET locked_by = NULL, lock_expiry = GREATEST(p_now, g.drained_at + 0.001), retry_at = NULL,
                    drained_at = CASE WHEN NOT g.paused AND g.state IS NULL THEN COALESCE(g.drained_at, p_now) END
              WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_empty) EXCEPT SELECT unnest(v_gone)));
+        END IF;
+        IF v_round IS NOT NULL AND p_min_priority <= 0 THEN
+            IF EXISTS (SELECT 1 FROM unnest(v_round) AS r
+                        WHERE r <> ALL (COALESCE(v_empty, '{}')) AND r <> ALL (COALESCE(v_stopped, '{}'))) THEN
+                -- The round leased: the cursor goes past its last slot. One
+                -- that leased nothing leaves the cursor where it was (with
+                -- arrivals ahead of it, not the rows the round passed) and
+                -- may rest the rounds.
+                PERFORM setval('transport_claim_cursor', v_rlast + 1);
+                v_cursor := v_rlast + 1;
+            ELSE
+                SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(p_now, v_t0, v_rest) AS r;
+            END IF;
         END IF;
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL);
     END LOOP;

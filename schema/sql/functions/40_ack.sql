@@ -112,8 +112,13 @@ $$;
 -- per settled lease, in input order (held, and the next head if kept, with
 -- attempt 1 and its age), then kind 'c' per new lease (with its attempt and
 -- age). The settling lives here, and harel_ack_many calls this, so that a
--- stream's round-trip runs one function less. harel_exchange is this
--- without the last two columns.
+-- stream's round-trip runs one function less. With p_rest (version 18;
+-- a stream's, which finding nothing waits for a wake-up or its idle sweep
+-- and asks again) its claim may skip the round from the first slot while
+-- the rounds rest, even when it finds nothing ("Going round" in
+-- 30_claim.sql); without, it leases something when anything is
+-- claimable, as harel_claim_leases. harel_exchange is this without the
+-- last two columns, and without p_rest.
 CREATE OR REPLACE FUNCTION harel_exchange_leases(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -123,7 +128,8 @@ CREATE OR REPLACE FUNCTION harel_exchange_leases(
     p_groups       TEXT[],
     p_seqs         BIGINT[],
     p_tokens       TEXT[],
-    p_keep         BOOLEAN[])
+    p_keep         BOOLEAN[],
+    p_rest         BOOLEAN DEFAULT false)
 RETURNS TABLE (kind "char", group_id TEXT, held BOOLEAN, seq BIGINT, event TEXT, attempt INT, age DOUBLE PRECISION)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -259,7 +265,7 @@ BEGIN
     IF p_limit - v_nkept > 0 THEN
         RETURN QUERY
             SELECT 'c'::"char", c.group_id, true, c.seq, c.event, c.attempt, c.age
-              FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept, 'harel_claim_many') AS c;
+              FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, p_limit - v_nkept, 'harel_claim_many', p_rest) AS c;
     END IF;
 END
 $$;

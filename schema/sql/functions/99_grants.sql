@@ -53,7 +53,7 @@ BEGIN
     LOOP
         EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states TO ' || r.role;
         EXECUTE 'GRANT SELECT ON transport_policy, transport_partition TO ' || r.role;
-        EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap TO ' || r.role;
+        EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap, transport_claim_rest TO ' || r.role;
     END LOOP;
     FOR r IN
         SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role
