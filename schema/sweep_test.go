@@ -252,8 +252,8 @@ func TestCostlyRoundRests(t *testing.T) {
 	rest := restsUntil()
 	is.True(rest > 0)     // a costly round: the rounds rest
 	is.True(rest <= 2000) // at most 2 s
-	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_rest', floor(date_part('epoch', clock_timestamp()) * 1000 + 60000)::bigint)`)
-	is.NoErr(err) // a minute, so that the test does not race the clock
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_rest', floor(date_part('epoch', clock_timestamp()) * 1000 + 2000)::bigint)`)
+	is.NoErr(err) // the longest rest, so that the next steps do not race the clock
 	var seq int64
 	is.NoErr(c.QueryRow(ctx(t), `SELECT delivered_seq FROM transport_groups WHERE group_id = 'behind'`).Scan(&seq))
 	_, err = c.Exec(ctx(t), `SELECT harel_ack('behind', $1, 'w', 1000.02), harel_publish('ahead', 'e', 0)`, seq)
@@ -281,4 +281,12 @@ func TestCostlyRoundRests(t *testing.T) {
 	// place behind the cursor.
 	is.Equal(claim(1061, 1), []string{"ahead"})   // ahead of the cursor: found while resting
 	is.Equal(claim(1062, 10), []string{"behind"}) // found nothing ahead: went round all the same
+
+	// A rest more than 2 s ahead (the server's clock stepped back) is no
+	// rest: a costly round replaces it with its own.
+	var ahead int64
+	is.NoErr(c.QueryRow(ctx(t), `SELECT r.rest - floor(date_part('epoch', clock_timestamp()) * 1000)::bigint
+	                               FROM harel_rest_rounds(1063, 10, floor(date_part('epoch', clock_timestamp()) * 1000 + 60000)::bigint) AS r`).Scan(&ahead))
+	is.True(ahead <= 2000)
+	is.True(ahead > 0)
 }

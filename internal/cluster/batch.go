@@ -125,8 +125,9 @@ func (cl *Cluster) publishOn(ctx context.Context, msgs []pgtransport.Message, ks
 		}
 		s, err := publish(ctx, batch)
 		// The old home's first look (harel_left) kept a group there by a
-		// dedup key or kept state in its window, and its fence, a moment
-		// later in the same transaction, found the window over
+		// dedup key or kept state in its window, or a dead letter since
+		// purged, and its fence, a moment later in the same transaction,
+		// found it gone
 		// (90_growing.sql, harel_stays): nothing was written. Asked again,
 		// the old home hands the group back, since a group that has left
 		// never comes back; three tries more at most.

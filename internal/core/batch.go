@@ -259,9 +259,9 @@ func (c *Core) Exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 // finds lost unreported (LeaseLost: the log and the observer), since the
 // stream may yet find such an ack applied (retrying an ack whose reply was
 // lost) and reports those it calls lost in the end itself. And its claim
-// may rest: while a costly walk from the first slot found nothing a moment
-// ago, it may return no lease though a group behind the sweep's cursor is
-// claimable ("Going round" in schema/sql/functions/30_claim.sql), which a
+// may rest: for up to 2 s after a costly walk from the first slot leased
+// nothing, it may return no lease though a group behind the sweep's cursor
+// is claimable ("Going round" in schema/sql/functions/30_claim.sql), which a
 // stream, waiting for a wake-up or its IdleSweep, asks again for.
 func (c *Core) StreamExchange(ctx context.Context, acks []*pgtransport.Lease, keep bool, workerID string, visibility time.Duration, minPriority, limit int) ([]Settled, []*pgtransport.Lease, error) {
 	t0 := c.timer()

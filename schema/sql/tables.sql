@@ -52,9 +52,10 @@ CREATE INDEX transport_messages_group
     ON transport_messages (group_id, seq);
 
 -- A group row's place in the claims' sweep, numbered when the row is
--- created, through 2^20 values and round again; the slot the next claim
--- starts from; when a claim that went round from the first slot last found
--- nothing, in epoch milliseconds (functions/30_claim.sql, "The sweep"). (016)
+-- created (and, since 018, when it is revived where rounds are costly),
+-- through 2^20 values and round again; the slot the next claim starts
+-- from; when a claim that went round from the first slot last leased
+-- nothing, in epoch milliseconds of its clock (functions/30_claim.sql, "The sweep"). (016)
 -- Until when no claim goes round, in epoch milliseconds of the server's
 -- clock ("Going round"). (018)
 CREATE SEQUENCE transport_groups_slot AS INT MINVALUE 0 MAXVALUE 1048575 START 0 CYCLE;

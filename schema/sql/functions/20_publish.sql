@@ -33,7 +33,8 @@ DECLARE
     v_top    INT;
     v_behind INT;  -- where rounds are costly, a row below this slot moves to the end
 BEGIN
-    SELECT CASE WHEN r.last_value > floor(date_part('epoch', clock_timestamp()) * 1000) - 10000 THEN c.last_value ELSE -1 END
+    SELECT CASE WHEN r.last_value - floor(date_part('epoch', clock_timestamp()) * 1000) BETWEEN -10000 AND 2000
+                THEN c.last_value ELSE -1 END
       INTO v_behind
       FROM transport_claim_rest AS r, transport_claim_cursor AS c;
     WITH revived AS (

@@ -39,9 +39,9 @@
 -- Going round. A claim that reaches the last slot with room left goes on
 -- from the first slot to the cursor (a round), unless it has found
 -- something and a round that leased nothing (it found no row, or only
--- empty ones) ended in the last 50 ms (transport_claim_wrap, epoch ms of
--- the claim's clock) or, where that round took 5 ms or more, rests the
--- rounds: 9 times what it took, at most 2 s (transport_claim_rest, epoch
+-- empty ones) was in the last 50 ms (transport_claim_wrap, the p_now of
+-- that claim, epoch ms) or, where that round's walk took 5 ms or more,
+-- rests the rounds: 9 times what it took, at most 2 s (transport_claim_rest, epoch
 -- ms of the server's clock; harel_rest_rounds). A round passes the index
 -- entries of every slot a row has left since vacuum last ran (a row
 -- reaped, or revived to a new slot) and, while a snapshot holds vacuum
@@ -55,9 +55,11 @@
 -- round, so harel_claim and harel_claim_leases lease something when
 -- anything is claimable. A group that becomes claimable behind the cursor
 -- (a lapsed lease, a group freed with messages left, a message under a
--- wrong mark) waits for the next such claim, or at most the rest (2 s)
--- and a round. Where the slots have come round past the cursor (new rows
--- behind it) nothing rests.
+-- wrong mark) waits for the next such claim: with streams alone, rests
+-- of at most 2 s each (more than one where the rounds before it meet only
+-- empty rows, which they empty or reap) and a round. A rest more than 2 s
+-- ahead (the server's clock stepped back) is none. Where the slots have
+-- come round past the cursor (new rows behind it) nothing rests.
 --
 -- Kept rows (version 17). The ack that drains a group frees its row in
 -- place and marks it (drained_at = lock_expiry = the ack's now), and the
@@ -203,14 +205,15 @@ END
 $$;
 
 -- harel_rest_rounds records a round from the first slot that leased
--- nothing, begun at p_t0 by a claim whose clock says p_now (see "Going
--- round"): transport_claim_wrap becomes p_now in epoch ms, and, where the
--- round took 5 ms or more, transport_claim_rest 9 times that past the
--- server's now, at most 2 s (never earlier than p_rest, the rest the
--- claim read). Returns the two.
+-- nothing, by a claim whose clock says p_now, its walk having taken p_ms
+-- milliseconds (see "Going round"): transport_claim_wrap becomes p_now in
+-- epoch ms, and, where the walk took 5 ms or more, transport_claim_rest 9
+-- times that past the server's now, at most 2 s (never earlier than
+-- p_rest, the rest the claim read, unless that is more than 2 s ahead: a
+-- server clock stepped back). Returns the two.
 CREATE OR REPLACE FUNCTION harel_rest_rounds(
     p_now  DOUBLE PRECISION,
-    p_t0   TIMESTAMPTZ,
+    p_ms   DOUBLE PRECISION,
     p_rest BIGINT,
     OUT wrap BIGINT,
     OUT rest BIGINT)
@@ -221,13 +224,14 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    v_ms DOUBLE PRECISION := date_part('epoch', clock_timestamp() - p_t0) * 1000;
+    v_at BIGINT := floor(date_part('epoch', clock_timestamp()) * 1000)::BIGINT;
 BEGIN
     wrap := setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
     rest := p_rest;
-    IF v_ms >= 5 THEN
+    IF p_ms >= 5 THEN
         rest := setval('transport_claim_rest',
-                       GREATEST(p_rest, floor(date_part('epoch', clock_timestamp()) * 1000 + LEAST(9 * v_ms, 2000))::BIGINT));
+                       GREATEST(CASE WHEN p_rest <= v_at + 2000 THEN p_rest ELSE 0 END,
+                                v_at + floor(LEAST(9 * p_ms, 2000))::BIGINT));
     END IF;
 END
 $$;
@@ -270,7 +274,7 @@ DECLARE
     v_gone    TEXT[];
     v_skip    TEXT[] := '{}';  -- picked by this call and not leased: not again
     v_cursor  INT;
-    v_wrap    BIGINT;    -- when a claim that went round last found nothing (epoch ms)
+    v_wrap    BIGINT;    -- when a round last leased nothing (epoch ms, that claim's clock)
     v_last    INT;       -- the last slot the walk from the cursor took
     v_rlast   INT;       -- the last slot the round took
     v_max     INT;
@@ -278,6 +282,7 @@ DECLARE
     v_newest  INT;       -- the slot the newest group row took
     v_round   TEXT[];    -- what this walk's round from the first slot picked
     v_t0      TIMESTAMPTZ;  -- when it began
+    v_ms      DOUBLE PRECISION;  -- how long its walk took (ms)
     v_n       INT;
     v_leased  INT;
 BEGIN
@@ -328,7 +333,7 @@ BEGIN
             -- behind the cursor (see "Going round").
             EXIT WHEN v_pass = 2 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 50;
             EXIT WHEN v_pass = 2 AND (v_n > 0 OR p_rest) AND v_newest + 1 >= v_cursor
-                  AND date_part('epoch', clock_timestamp()) * 1000 < v_rest;
+                  AND v_rest - date_part('epoch', clock_timestamp()) * 1000 BETWEEN 0 AND 2000;
             IF v_pass = 2 THEN
                 v_t0 := clock_timestamp();
             END IF;
@@ -352,6 +357,7 @@ BEGIN
             ELSE
                 v_round := COALESCE(v_groups[v_n + 1:], '{}');
                 v_rlast := v_max;
+                v_ms := date_part('epoch', clock_timestamp() - v_t0) * 1000;
             END IF;
         END LOOP;
         IF v_last IS NOT NULL AND p_min_priority <= 0 THEN
@@ -364,7 +370,7 @@ BEGIN
         END IF;
         IF v_groups IS NULL THEN
             IF v_round IS NOT NULL AND p_min_priority <= 0 THEN
-                PERFORM harel_rest_rounds(p_now, v_t0, v_rest);
+                PERFORM harel_rest_rounds(p_now, v_ms, v_rest);
             END IF;
             RETURN;
         END IF;
@@ -456,7 +462,7 @@ BEGIN
                 PERFORM setval('transport_claim_cursor', v_rlast + 1);
                 v_cursor := v_rlast + 1;
             ELSE
-                SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(p_now, v_t0, v_rest) AS r;
+                SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(p_now, v_ms, v_rest) AS r;
             END IF;
         END IF;
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL);
