@@ -1460,12 +1460,6 @@ BEGIN
             END IF;
             v_cursor := v_last + 1;
         END IF;
-        IF v_groups IS NULL THEN
-            IF v_round IS NOT NULL AND p_min_priority <= 0 THEN
-                PERFORM harel_rest_rounds(p_now, v_ms, v_rest);
-            END IF;
-            RETURN;
-        END IF;
 
         -- The heads, in a statement after the locks (every array
         -- aggregated from one row stream, so they stay aligned). A second
