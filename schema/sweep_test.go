@@ -290,3 +290,56 @@ func TestCostlyRoundRests(t *testing.T) {
 	is.True(ahead <= 2000)
 	is.True(ahead > 0)
 }
+
+// TestClaimWalksTheSlotsOnce: a claim that goes on past rows it picked and
+// found empty walks on from the slot after the last it took, in the walk
+// from the cursor and in the round, so one claim reads each row about once
+// however many empty rows it meets ("Again only while nothing was leased"
+// in harel_sweep). Here a claim of one meets 2,000 rows freshly marked
+// drained (a kept row the claims must look into, then pass for 2 s), 1,000
+// each side of the cursor, before the one group with a message, at the end
+// of the round. Walking again from the cursor and the first slot each
+// time, it read about 2 million rows. A stream's exchange stops earlier.
+func TestClaimWalksTheSlotsOnce(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	const kept = 1000
+	marked := func() {
+		t.Helper()
+		_, err := c.Exec(ctx(t), `INSERT INTO transport_groups (group_id, lock_expiry, drained_at)
+		                          SELECT 'kept' || nextval('transport_groups_slot'), 1000, 1000 FROM generate_series(1, $1)`, kept)
+		is.NoErr(err)
+	}
+	marked() // slots 0 to 999
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('last', 'e', 0)`)
+	is.NoErr(err)
+	marked()
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_cursor', (SELECT slot + 1 FROM transport_groups WHERE group_id = 'last'))`)
+	is.NoErr(err)
+
+	// A stream's exchange (p_rest) stops after 256 rows picked and not
+	// leased, and commits: it holds those rows until then.
+	var n int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_exchange_leases(1000.4, 1060, 'w', 0, 1, '{}', '{}', '{}', '{}', true)`).Scan(&n))
+	is.Equal(n, 0)
+	var looked int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE lock_expiry > drained_at`).Scan(&looked))
+	is.Equal(looked, 256)
+
+	tx, err := c.Begin(ctx(t))
+	is.NoErr(err)
+	defer func() { _ = tx.Rollback(ctx(t)) }()
+	var got string
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1000.5, 1060, 'w')`).Scan(&got))
+	is.Equal(got, "last") // found behind every empty row
+	var fetched int64
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relid = 'transport_groups'::regclass`).Scan(&fetched))
+	t.Logf("rows read through an index: %d", fetched)
+	is.True(fetched < 10*2*kept) // each row about once, not once per row picked before it
+	var left int
+	is.NoErr(tx.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE lock_expiry > drained_at`).Scan(&left))
+	is.Equal(left, 2*kept) // and each was looked into: found empty, freed, kept
+}

@@ -57,6 +57,10 @@
 --     jit_above_cost, and compiling it took 85 ms a publish. The wake-up
 --     trigger pins it too: it also fires for the design's plain two-INSERT
 --     publish, which runs under the client's settings.
+-- The claim's sweep (harel_sweep, 30_claim.sql) pins a fifth,
+-- enable_bitmapscan = off (version 19): its walks are ordered scans of the
+-- slot index that stop at the claim's limit, and a bitmap scan, which the
+-- generic plan had chosen, reads the whole range and sorts it.
 -- The inlined helpers pin none and are LANGUAGE sql, one expression each:
 -- the planner then inlines them into the calling statement, where they run
 -- under their caller's settings at no per-call cost; a SET clause, or any
