@@ -476,7 +476,8 @@ BEGIN
         -- A stream's exchange (p_rest) stops after 256 rows picked and not
         -- leased, returning what it has: each row stays locked until the
         -- claim commits, publishers of those groups wait for it, and the
-        -- next exchange goes on past them (the cursor has moved). Under a
+        -- next exchange passes them (the cursor has moved past them, or, for
+        -- a claim with a floor, they are gone or passed as found empty). Under a
         -- held snapshot at 2,000 msgs/s one exchange met 5,000 kept rows in
         -- a row. Other claims go on: they lease something when anything is
         -- claimable.
