@@ -190,3 +190,35 @@ func TestClaimGoesPastManyKeptRows(t *testing.T) {
 	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1001.5, 1060, 'w')`).Scan(&g))
 	is.Equal(g, "last") // past 20 kept rows, read and found empty one by one
 }
+
+// TestFilledClaimsReapKeptRows: claims whose limit the ready log fills
+// never sweep, so each reaps the kept rows among the next as many slots
+// as its limit (harel_reap in functions/30_claim.sql): under a backlog of
+// one-message groups the rows their drains leave do not pile up. Rows
+// drained less than 2 s ago, and rows with a message, stay.
+func TestFilledClaimsReapKeptRows(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := c.Exec(ctx(t), sql, args...)
+		is.NoErr(err)
+	}
+	// 100 rows drained at 1000 and 10 drained at 1009, then 120 jobs.
+	exec(`INSERT INTO transport_groups (group_id, lock_expiry, drained_at) SELECT 'old' || i, 1000, 1000 FROM generate_series(1, 100) AS i`)
+	exec(`INSERT INTO transport_groups (group_id, lock_expiry, drained_at) SELECT 'new' || i, 1009, 1009 FROM generate_series(1, 10) AS i`)
+	exec(`SELECT harel_publish('job' || i, 'e', 0) FROM generate_series(1, 120) AS i`)
+	for range 120 {
+		var g string
+		is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1010, 1070, 'w')`).Scan(&g)) // a job, from the log
+	}
+	var old, recent, jobs int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FILTER (WHERE group_id LIKE 'old%'), count(*) FILTER (WHERE group_id LIKE 'new%'),
+	                                    count(*) FILTER (WHERE group_id LIKE 'job%') FROM transport_groups`).Scan(&old, &recent, &jobs))
+	is.Equal(old, 0)     // reaped, a slot a claim
+	is.Equal(recent, 10) // drained less than 2 s ago: kept
+	is.Equal(jobs, 120)  // leased, with their messages
+}

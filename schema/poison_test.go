@@ -117,8 +117,9 @@ func TestUpgradeKeepsQueueAndLeases(t *testing.T) {
 // TestRetryBeforeRoundRobin: a group whose head failed is claimed as soon
 // as its backoff ends, ahead of groups that have waited in the
 // round-robin longer (never-served ones included), by harel_claim and
-// harel_claim_many alike; a nack's park keeps its place in the
-// round-robin.
+// harel_claim_many alike, and so is a group whose nack's park ended (since
+// version 20; it kept its place in the round-robin before), in the order
+// they came due.
 func TestRetryBeforeRoundRobin(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -139,7 +140,7 @@ func TestRetryBeforeRoundRobin(t *testing.T) {
 	var group string
 	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1000, 1060, 'w:n')`).Scan(&group))
 	is.Equal(group, "nacked")
-	_, err = c.Exec(ctx(t), `SELECT harel_nack('nacked', 'w:n', 1000, 0.5)`) // parked until 1000.5, under w:n
+	_, err = c.Exec(ctx(t), `SELECT harel_nack('nacked', 'w:n', 1000, 1.5)`) // parked until 1001.5, under w:n
 	is.NoErr(err)
 
 	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1000.2, 1060, 'w:a')`).Scan(&group))
@@ -147,12 +148,12 @@ func TestRetryBeforeRoundRobin(t *testing.T) {
 	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1002, 1060, 'w:b')`).Scan(&group))
 	is.Equal(group, "failed") // its backoff ended: ahead of x2 and x3, never served
 	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(1002, 1060, 'w:c')`).Scan(&group))
-	is.Equal(group, "x2") // the nack's park waits its turn
+	is.Equal(group, "nacked") // its park ended after that backoff: next
 	rows, err := c.Query(ctx(t), `SELECT group_id FROM harel_claim_many(1002, 1060, 'w:d', 0, 5) ORDER BY 1`)
 	is.NoErr(err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	is.NoErr(err)
-	is.Equal(got, []string{"nacked", "x3"})
+	is.Equal(got, []string{"x2", "x3"})
 
 	// The batch claim: a failed group whose backoff has ended comes before
 	// groups never served.

@@ -269,9 +269,11 @@ func explained(t *testing.T, db *pgtest.DB) (*pgx.Conn, *[]string) {
 	return c, plans
 }
 
-// TestClaimWalksIndex shows each of the claim's group picks walks an index,
+// TestClaimWalksIndex shows each of the claim's picks walks an index,
 // with no Sort, at 100k groups: the plans of the statements inside
-// harel_claim, as auto_explain reports them.
+// harel_claim, as auto_explain reports them. With entries in the ready
+// log, the due index, the log's and the group rows' primary keys; with
+// none, the due index and the sweep's slot index.
 func TestClaimWalksIndex(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -282,31 +284,43 @@ func TestClaimWalksIndex(t *testing.T) {
 		SELECT 'g' || i, CASE WHEN i % 3 = 0 THEN 'w:x' END, CASE WHEN i % 3 = 0 THEN 1e10 ELSE i END, i % 5
 		  FROM generate_series(1, 100000) AS i;
 		INSERT INTO transport_messages (group_id, event) SELECT 'g' || i, 'e' FROM generate_series(1, 100000) AS i;
-		ANALYZE transport_groups; ANALYZE transport_messages`)
+		ANALYZE transport_groups; ANALYZE transport_messages; ANALYZE transport_ready`)
 	is.NoErr(err)
 
-	c, plans := explained(t, db)
-	for range 3 { // past any first-call planning
-		rows, err := c.Query(ctx(t), `SELECT * FROM harel_claim(1e9, 1e9 + 60, 'w:probe', 0)`)
-		is.NoErr(err)
-		rows.Close()
-		is.NoErr(rows.Err())
-	}
-	walked := map[string]bool{}
-	for _, p := range *plans {
-		if strings.Contains(p, "FROM transport_groups AS c") && strings.Contains(p, "SKIP LOCKED") {
-			is.True(!strings.Contains(p, "Sort")) // no Sort of the groups table
-			for _, index := range []string{"transport_groups_sweep", "transport_groups_due"} {
-				walked[index] = walked[index] || strings.Contains(p, index)
+	walks := func() map[string]bool {
+		t.Helper()
+		c, plans := explained(t, db)
+		for range 3 { // past any first-call planning
+			rows, err := c.Query(ctx(t), `SELECT * FROM harel_claim(1e9, 1e9 + 60, 'w:probe', 0)`)
+			is.NoErr(err)
+			rows.Close()
+			is.NoErr(rows.Err())
+		}
+		walked := map[string]bool{}
+		for _, p := range *plans {
+			if (strings.Contains(p, "FROM transport_groups AS c") || strings.Contains(p, "FROM transport_ready AS r")) && strings.Contains(p, "SKIP LOCKED") {
+				is.True(!strings.Contains(p, "Sort")) // no Sort of the groups or the log
+				for _, index := range []string{"transport_groups_sweep", "transport_groups_due", "transport_groups_pkey", "transport_ready_pkey"} {
+					if strings.Contains(p, index) {
+						walked[index] = true
+					}
+				}
 			}
 		}
+		if len(*plans) == 0 {
+			t.Fatalf("no plan for the group pick among %d notices:\n%s", len(*plans), strings.Join(*plans, "\n---\n"))
+		}
+		return walked
 	}
-	if len(walked) == 0 {
-		t.Fatalf("no plan for the group pick among %d notices:\n%s", len(*plans), strings.Join(*plans, "\n---\n"))
-	}
-	// Each of the claim's walks (see "The sweep" in functions/30_claim.sql)
-	// is an index's: due groups, then the sweep in slot order.
-	is.Equal(walked, map[string]bool{"transport_groups_sweep": true, "transport_groups_due": true})
+	// Each of the claim's walks (see "The ready log" and "The sweep" in
+	// functions/30_claim.sql) is an index's: due groups, then the log, and
+	// (the limit reached) the reap's walk of the next slots.
+	is.Equal(walks(), map[string]bool{"transport_groups_due": true, "transport_ready_pkey": true, "transport_groups_pkey": true, "transport_groups_sweep": true})
+	_, err = db.Pool.Exec(ctx(t), `DELETE FROM transport_ready`)
+	is.NoErr(err)
+	// An empty log: due groups, the log (nothing), then the sweep in slot
+	// order.
+	is.Equal(walks(), map[string]bool{"transport_groups_due": true, "transport_ready_pkey": true, "transport_groups_sweep": true})
 }
 
 // TestParallelClaimsDoNotWait holds N claim transactions open at once, each

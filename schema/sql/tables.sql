@@ -62,6 +62,8 @@ CREATE SEQUENCE transport_groups_slot AS INT MINVALUE 0 MAXVALUE 1048575 START 0
 CREATE SEQUENCE transport_claim_cursor AS INT MINVALUE 0 MAXVALUE 1048576 START 0;
 CREATE SEQUENCE transport_claim_wrap AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE transport_claim_rest AS BIGINT MINVALUE 0 START 0;
+-- Where the next reap of kept rows goes on from (harel_reap). (020)
+CREATE SEQUENCE transport_claim_reap_cursor AS INT MINVALUE 0 MAXVALUE 1048576 START 0;
 
 -- One row per group that has messages (or is paused, or drained a moment
 -- ago: drained_at): who holds it, until when, and what a claim handed
@@ -105,6 +107,31 @@ CREATE INDEX transport_groups_due
 -- Paused groups, for the operator's counts. (011)
 CREATE INDEX transport_groups_paused
     ON transport_groups (group_id) WHERE paused;
+
+-- The ready log: one entry each time a group row became claimable at
+-- once (created, freed with messages left, revived, resumed), in the
+-- order it did, written by the triggers of functions/25_ready.sql and
+-- deleted by the claim that takes it or finds it stale; the claims read
+-- it from the frontier (functions/30_claim.sql, "The ready log"). Entry
+-- numbers are drawn one at a time (CACHE 1) after the writer holds a
+-- transaction id, which the frontier's check needs. (020)
+CREATE SEQUENCE transport_ready_rseq AS BIGINT MINVALUE 1 START 1 CACHE 1;
+CREATE TABLE transport_ready (
+    rseq     BIGINT PRIMARY KEY DEFAULT nextval('transport_ready_rseq'),
+    group_id TEXT NOT NULL,
+    priority INT NOT NULL      -- the group's when it became claimable (a claim's floor reads it)
+) WITH (
+    -- Only ever inserted and deleted: vacuumed after a fixed number of
+    -- dead rows, never throttled. (020)
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0);
+-- The frontier: no entry below it is live or still to commit. The
+-- pending check that moves it: the last entry number when it was
+-- recorded, and a transaction id taken after that (0: none). (020)
+CREATE SEQUENCE transport_ready_front AS BIGINT MINVALUE 1 START 1;
+CREATE SEQUENCE transport_ready_check_rseq AS BIGINT MINVALUE 0 START 0;
+CREATE SEQUENCE transport_ready_check_xid AS BIGINT MINVALUE 0 START 0;
 
 -- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or
 -- above min_priority, until a time they refresh while idle. (003, 005)

@@ -8,12 +8,11 @@
 -- becomes the publish's, so the first publish after a drain sets it as
 -- for a new group; the mark goes; idle consumers are woken as for a new
 -- group (harel_wake_waiters; the statement trigger harel_wake sees only
--- rows inserted). Where the rounds are costly (a rest, "Going round" in
--- 30_claim.sql, in the last 10 s), a row behind the sweep's cursor also
--- gets a new slot, the end of the round, as a new row would (version
--- 18): the claims that keep up with arrivals find it without waiting for
--- a round. Otherwise the slot stays, and the update is HOT. Rows in group
--- order. A row that another transaction is
+-- rows inserted); the update clears the mark, so a trigger writes the
+-- group's entry in the ready log (25_ready.sql). The slot stays, and the
+-- update is HOT. (In versions 18 and 19, where rounds were costly, a row
+-- behind the sweep's cursor got a new slot, the end of the round; the log
+-- orders arrivals now.) Rows in group order. A row that another transaction is
 -- writing (a claim that met it empty, another publisher reviving it) is
 -- waited for, as an insert's conflict check would wait for it, and looked
 -- at again: deleted, it is not revived (an insert creates the group
@@ -31,16 +30,10 @@ AS $$
 DECLARE
     v_n      INT;
     v_top    INT;
-    v_behind INT;  -- where rounds are costly, a row below this slot moves to the end
 BEGIN
-    SELECT CASE WHEN r.last_value - floor(date_part('epoch', clock_timestamp()) * 1000) BETWEEN -10000 AND 2000
-                THEN c.last_value ELSE -1 END
-      INTO v_behind
-      FROM transport_claim_rest AS r, transport_claim_cursor AS c;
     WITH revived AS (
         UPDATE transport_groups AS g
-           SET priority = u.p, drained_at = NULL,
-               slot = CASE WHEN g.slot < v_behind THEN nextval('transport_groups_slot') ELSE g.slot END
+           SET priority = u.p, drained_at = NULL
           FROM (SELECT DISTINCT ON (u.g) u.g, u.p
                   FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
                  ORDER BY u.g, u.i) AS u

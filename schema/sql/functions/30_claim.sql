@@ -1,75 +1,89 @@
 -- 30_claim.sql: the claim (harel_claim, harel_claim_many and what they
 -- share: the sweep, the hand-out count, dead-lettering a spent head).
 --
--- The sweep (version 16). Every group row has a slot, numbered when the row
--- is created or revived (transport_groups_slot, which cycles through 2^20
--- values) and not written otherwise, and the claims go round the slots in
--- order: a claim
+-- The ready log (version 20). A claim takes, after the due groups
+-- (below), the groups of the ready log's entries from the frontier on, in
+-- entry order (25_ready.sql): the groups that became claimable at once, in
+-- the order they did. So groups are served longest-ready first: a group
+-- that becomes claimable waits for the groups that became claimable
+-- before it, each handed out once, so at most as many hand-outs as there
+-- are claimable groups, kept leases aside
+-- (TestClaimsServeGroupsInTheOrderTheyBecameClaimable). A claim reads the
+-- entries it takes, and the dead ones between the frontier and them, not
+-- the rows it cannot take, and under a held snapshot it does not pass
+-- the versions of rows it never looks at. It locks an entry (FOR UPDATE
+-- SKIP LOCKED) and then its group row, checked as the sweep checks it;
+-- deletes the entries of the groups it took and of groups gone, held or
+-- paused (what frees them writes a new one); and leaves those whose row
+-- another transaction holds. A claim with a floor passes the entries
+-- below it.
+--
+-- The sweep (version 16). What becomes claimable with no entry (a lease or
+-- a park under a token that lapses; a message under a wrong drained mark,
+-- "Kept rows" below; a group of a queue upgraded mid-claim) the sweep
+-- finds. Every group row has a slot, numbered when the row
+-- is created (transport_groups_slot, which cycles through 2^20
+-- values) and not written otherwise, and the sweep goes round the slots in
+-- order: it
 -- starts at the cursor (transport_claim_cursor, the slot after the last
--- one a claim took), takes the claimable groups it meets up to its limit,
--- on to the last slot and then from the first, and moves the cursor past
+-- one a sweep took), takes the claimable groups it meets up to the claim's
+-- limit, on to the last slot and then from the first, and moves the cursor past
 -- the last slot it took. Claimable: not paused, at or above the claim's
 -- priority floor, and free or with a lease, park or backoff that has
 -- ended. No column a claim or an ack writes is in an index (the slot
 -- index, transport_groups_sweep, holds the slot only), so their updates
 -- are HOT: the table and its indexes do not grow per message, and a
 -- page's dead versions are pruned in place without vacuum. The price: a
--- claim passes the rows it cannot take (leased, parked, paused, below its
--- floor) on the heap, about 1/f rows per group taken where f is the
--- claimable share of the rows it walks.
---
--- Order. A group that stays claimable is handed out within one round of
--- the cursor: before it comes round again, every other group claimable
--- throughout is handed out at most once, so it waits at most as many
--- hand-outs as there are claimable groups (TestSweepServesEachGroupOncePerRound),
--- and at most 50 ms more, or 2 s where rounds cost 5 ms or more (see
--- "Going round" below).
--- New groups, and drained groups that come back while rounds are costly
--- (version 18, "Kept rows"), have the highest slots, in the order they arrived, so they come after the groups
--- already waiting and before those served since: round-robin by arrival.
+-- sweep passes the rows it cannot take (leased, parked, paused, below its
+-- floor) on the heap, and, under a held snapshot, every version of them
+-- since; so the claims sweep only where the log and the due groups left
+-- room, and then rarely (see "Going round").
 -- Only a claim that admits every priority moves the cursor (one with a
--- floor would move it past groups it cannot see), and a round (below)
--- moves it back only when it leased something (version 18: a round that
--- met only empty rows used to set it back among them, and the claims
--- after it walked again what it had); concurrent claims start from the
--- same cursor and skip each other's rows (SKIP LOCKED), and a cursor one
--- of them set back costs the next claim a walk past rows just leased,
--- nothing else.
+-- floor would move it past groups it cannot see), and a round (from the
+-- first slot) moves it back only when it leased something; concurrent
+-- sweeps start from the same cursor and skip each other's rows (SKIP
+-- LOCKED).
 --
--- Going round. A claim that reaches the last slot with room left goes on
--- from the first slot to the cursor (a round), unless it has found
--- something and a round that leased nothing (it found no row, or only
--- empty ones) was in the last 50 ms (transport_claim_wrap, the p_now of
--- that claim, epoch ms) or, where that round's walk took 5 ms or more,
--- rests the rounds: 9 times what it took, at most 2 s (transport_claim_rest, epoch
--- ms of the server's clock; harel_rest_rounds). A round passes the index
--- entries of every slot a row has left since vacuum last ran (a row
--- reaped, or revived to a new slot) and, while a snapshot holds vacuum
--- back, every version since, so in a queue whose consumers keep up with
--- new groups (each claim finding the newest and going round for more)
--- every claim paid it; under a 5-minute snapshot at 1,000 msgs/s a round
--- took 50-370 ms. The rest caps what rounds cost the claims that find
--- something, and a stream's exchange (harel_exchange_leases with p_rest:
--- a stream that finds nothing waits for a wake-up or its IdleSweep and
--- asks again). Any other claim that has found nothing goes
--- round, so harel_claim and harel_claim_leases lease something when
--- anything is claimable. A group that becomes claimable behind the cursor
--- (a lapsed lease, a group freed with messages left, a message under a
--- wrong mark) waits for the next such claim: with streams alone, rests
--- of at most 2 s each (more than one where the rounds before it meet only
--- empty rows, which they empty or reap) and a round. A rest more than 2 s
--- ahead (the server's clock stepped back) is none. Where the slots have
--- come round past the cursor (new rows behind it) nothing rests.
+-- Going round. A claim sweeps (from the cursor to the last slot and on
+-- from the first) when the due groups and the log left room, unless it has
+-- found something and a sweep that leased nothing (it found no row, or
+-- only empty ones) was in the last second (transport_claim_wrap, the p_now
+-- of that claim, epoch ms), or, where that sweep took 5 ms or more, it
+-- found something or is a stream's exchange (harel_exchange_leases with
+-- p_rest: a stream that finds nothing waits for a wake-up or its IdleSweep
+-- and asks again) and the sweeps rest: 9 times what it took, at most 2 s
+-- (transport_claim_rest, epoch ms of the server's clock;
+-- harel_rest_rounds). Any other claim that has found nothing sweeps a
+-- whole lap if it must, so harel_claim and harel_claim_leases lease
+-- something when anything is claimable. A sweep by a claim that found
+-- something, or by a stream's exchange, has a budget: it walks 512 slots at
+-- a time and stops after the piece that takes its sweeps past 10 ms, the
+-- cursor where it got to, so that no exchange holds the groups it settled
+-- (and, for a stream, the next exchange) for a whole lap; the next sweep
+-- goes on from there, and a sweep stopped so is not a lap that found
+-- nothing (it rests the sweeps by its cost, and leaves the second alone).
+-- The cursor is where the last sweep got to: past the last slot it took,
+-- where it stopped, or where it began after a whole lap. A lapsed lease waits for the next sweep: at most about a
+-- second under load (the first claim after the second sweeps, and the
+-- claims go on sweeping while the sweeps lease), at most 2 s more while
+-- costly sweeps rest, at once where a claim finds the log empty
+-- (TestSweepFindsWhatTheLogMisses, TestCostlySweepRests). A sweep passes
+-- the index entries of every slot a row has left since vacuum last ran
+-- and, while a snapshot holds vacuum back, every version since: under a
+-- 5-minute snapshot at 1,000 msgs/s a lap took 50-370 ms, which is why the
+-- log, not the sweep, hands out the groups that are ready, and why a
+-- budgeted sweep stops early. A rest more
+-- than 2 s ahead (the server's clock stepped back) is none. (Until version
+-- 20 the sweep was the claim, and the round rested only for claims that
+-- had found something ahead of the cursor; versions 18 and 19 gave
+-- revived rows new slots, at the end of the round.)
 --
 -- Kept rows (version 17). The ack that drains a group frees its row in
 -- place and marks it (drained_at = lock_expiry = the ack's now), and the
 -- group's next publish revives it (harel_ready_groups and the trigger
 -- harel_ready_group, 20_publish.sql): a group that drains and comes back,
 -- as a stream's kept leases make most groups do, costs no row insert and
--- delete. Where rounds are costly (see "Going round"), the revival of a
--- row behind the cursor gives it a new slot (version 18), the end of the
--- round as for a new group, so claims that keep up with arrivals find it
--- ahead of the cursor rather than on a round. The mark is written without the
+-- delete; its revival writes its entry in the ready log. The mark is written without the
 -- lost-publish guard (so that no publisher waits for a drainer), so it
 -- can be wrong: a publish whose group insert came just before the mark,
 -- its message still uncommitted when the ack looked, revived nothing and
@@ -93,9 +107,10 @@
 -- transport_groups_due, so a
 -- retry comes when its backoff ends rather than when the cursor reaches
 -- it: a poison message holds its group for about its attempts times the
--- backoff, however deep the backlog. A nack's park, under its token,
--- keeps its place in the sweep; it is in the index only so that idle
--- consumers learn when it ends (harel_wait). The settle that follows
+-- backoff, however deep the backlog. A nack's park, under its token, is
+-- taken so too once it ends (until version 20 it kept its place in the
+-- sweep, and was in the index only so that idle consumers learn when it
+-- ends, harel_wait). The settle that follows
 -- clears retry_at (acks, fails, nacks and frees write it, HOT while it
 -- stays NULL), so a group that never fails or parks never enters that
 -- index.
@@ -204,10 +219,11 @@ BEGIN
 END
 $$;
 
--- harel_rest_rounds records a round from the first slot that leased
--- nothing, by a claim whose clock says p_now, its walk having taken p_ms
--- milliseconds (see "Going round"): transport_claim_wrap becomes p_now in
--- epoch ms, and, where the walk took 5 ms or more, transport_claim_rest 9
+-- harel_rest_rounds records a sweep that leased nothing, by a claim whose
+-- clock says p_now, its walk having taken p_ms milliseconds (see "Going
+-- round"): transport_claim_wrap becomes p_now in epoch ms (unless p_now is
+-- NULL: a sweep that stopped at its budget, not a whole lap), and, where
+-- the walk took 5 ms or more, transport_claim_rest 9
 -- times that past the server's now, at most 2 s (never earlier than
 -- p_rest, the rest the claim read, unless that is more than 2 s ahead: a
 -- server clock stepped back). Returns the two.
@@ -226,7 +242,11 @@ AS $$
 DECLARE
     v_at BIGINT := floor(date_part('epoch', clock_timestamp()) * 1000)::BIGINT;
 BEGIN
-    wrap := setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+    IF p_now IS NULL THEN
+        wrap := (SELECT w.last_value FROM transport_claim_wrap AS w);
+    ELSE
+        wrap := setval('transport_claim_wrap', GREATEST(floor(p_now * 1000), 0)::BIGINT);
+    END IF;
     rest := p_rest;
     IF p_ms >= 5 THEN
         rest := setval('transport_claim_rest',
@@ -236,14 +256,64 @@ BEGIN
 END
 $$;
 
+-- harel_reap deletes the kept rows drained 2 s ago or more, still empty,
+-- among the next p_slots slots from the reap's cursor
+-- (transport_claim_reap_cursor, round and round like the sweep's), as the
+-- sweep deletes those it meets (the guard's try-lock, then a re-check in a
+-- statement after it). A claim whose limit the due groups and the log
+-- reached before it swept calls it with its limit, so that under a
+-- backlog of one-message groups, where claims never sweep, the rows their
+-- acks leave are reaped as fast as they come (a new group takes the next
+-- slot): bounded work for each claim, where version 19's sweep met them
+-- in its walk (version 20).
+CREATE OR REPLACE FUNCTION harel_reap(
+    p_now   DOUBLE PRECISION,
+    p_slots INT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    v_lo   INT := (SELECT c.last_value FROM transport_claim_reap_cursor AS c);
+    v_top  INT := COALESCE((SELECT max(g.slot) FROM transport_groups AS g), -1) + 1;
+    v_gone TEXT[];
+BEGIN
+    IF v_lo >= v_top THEN
+        v_lo := 0;
+    END IF;
+    PERFORM setval('transport_claim_reap_cursor', LEAST(v_lo + p_slots, 1048576));
+    SELECT array_agg(c.group_id) INTO v_gone
+      FROM (SELECT c.group_id
+              FROM transport_groups AS c
+             WHERE c.slot >= v_lo AND c.slot < v_lo + p_slots
+               AND c.locked_by IS NULL AND NOT c.paused AND c.state IS NULL
+               AND c.drained_at < p_now - 2
+               FOR NO KEY UPDATE SKIP LOCKED) AS c
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id)
+                THEN false
+                ELSE harel_try_guard(c.group_id) END;  -- a CASE, so that the lock is not taken for a row with messages
+    IF v_gone IS NOT NULL THEN
+        DELETE FROM transport_groups AS g
+         WHERE g.group_id = ANY (v_gone)
+           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id);
+    END IF;
+END
+$$;
+
 -- harel_sweep is the claim: it leases up to p_limit claimable groups
--- (priority >= p_min_priority) to p_token, due groups first and then the
--- sweep from the cursor (see "The sweep" above), and returns the head of
+-- (priority >= p_min_priority) to p_token, due groups first, then the
+-- ready log's, then the sweep's (see "The ready log", "The sweep" and
+-- "Going round" above), and returns the head of
 -- each, in no particular order, with its attempt (1 on the first
 -- hand-out) and its age in seconds (server clock; NULL for a message
 -- queued before version 10). p_caller names the function called in a
--- refusal. p_rest: the claim may skip a round while the rounds rest even
--- when it has found nothing (a stream's exchange; see "Going round"). harel_claim_one and
+-- refusal. p_rest: the claim skips the sweep while the sweeps rest even
+-- when it has found nothing, and its sweep has a budget (a stream's
+-- exchange; see "Going round"). (The name is the sweep's, which was the
+-- whole claim until version 20.) harel_claim_one and
 -- harel_claim_leases are its limits of one and of many. Its walks are
 -- ordered scans of the slot index that stop at the limit: no bitmap scans,
 -- which read every slot of the range and sort them (version 19).
@@ -281,12 +351,20 @@ DECLARE
     v_from    INT := 0;  -- and its round, each past the rows it took before
     v_upto    INT;       -- where the round ends: the cursor this call began at
     v_wrap    BIGINT;    -- when a round last leased nothing (epoch ms, that claim's clock)
-    v_last    INT;       -- the last slot the walk from the cursor took
-    v_rlast   INT;       -- the last slot the round took
-    v_max     INT;
-    v_rest    BIGINT;    -- until when no claim goes round (epoch ms, server clock)
-    v_newest  INT;       -- the slot the newest group row took
-    v_round   TEXT[];    -- what this walk's round from the first slot picked
+    v_max     INT;       -- the last slot a piece of the sweep took
+    v_lo      INT;       -- the piece's slots
+    v_hi      INT;
+    v_pos     INT;       -- where the sweep got to
+    v_stop    BOOLEAN := false;  -- it used its budget
+    v_top     INT;       -- past the highest slot a row has
+    v_filled  BOOLEAN := false;  -- the limit was reached before any sweep
+    v_rest    BIGINT;    -- until when sweeps rest (epoch ms, server clock)
+    v_swept   TEXT[];    -- what the sweep picked, both walks
+    v_n0      INT;       -- how many were picked before the sweep
+    v_front   BIGINT;    -- the ready log's frontier
+    v_rnext   BIGINT := 0;  -- where this call reads the log on from
+    v_rseqs   BIGINT[];  -- the entries it picked
+    v_rgroups TEXT[];    -- and their groups
     v_t0      TIMESTAMPTZ;  -- when it began
     v_ms      DOUBLE PRECISION;  -- how long its walk took (ms)
     v_n       INT;
@@ -305,8 +383,9 @@ BEGIN
     IF harel_clock_skewed(p_now) THEN
         PERFORM harel_refuse_skew(p_caller, p_now);
     END IF;
-    SELECT c.last_value, w.last_value, r.last_value, n.last_value INTO v_cursor, v_wrap, v_rest, v_newest
-      FROM transport_claim_cursor AS c, transport_claim_wrap AS w, transport_claim_rest AS r, transport_groups_slot AS n;
+    v_front := harel_ready_front();
+    SELECT c.last_value, w.last_value, r.last_value INTO v_cursor, v_wrap, v_rest
+      FROM transport_claim_cursor AS c, transport_claim_wrap AS w, transport_claim_rest AS r;
     v_at := v_cursor;
     v_upto := v_cursor;
     -- Again only while nothing was leased and the groups picked were
@@ -327,60 +406,124 @@ BEGIN
           INTO v_groups, v_dseqs, v_atts
           FROM (SELECT c.group_id, c.delivered_seq, c.attempts
                   FROM transport_groups AS c
-                 WHERE c.retry_at <= p_now AND (c.locked_by IS NULL OR (c.locked_by = '' AND c.lock_expiry < p_now))
+                 WHERE c.retry_at <= p_now AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
                    AND c.priority >= p_min_priority AND NOT c.paused
                    AND c.group_id <> ALL (v_skip)
                  ORDER BY c.retry_at
                  LIMIT p_limit
                    FOR NO KEY UPDATE SKIP LOCKED) AS c;
-        v_last := NULL;
-        v_rlast := NULL;
-        v_round := NULL;
+        -- Then the ready log, from the frontier and past what this call
+        -- read before (see "The ready log"): the groups of the entries it
+        -- picks that are claimable, as the sweep's are. It deletes the
+        -- entries of the groups it took, and those of groups gone, held,
+        -- paused or found empty since their drain (what makes them
+        -- claimable again writes a new entry); it leaves those whose row
+        -- another transaction holds.
+        v_n := COALESCE(cardinality(v_groups), 0);
+        IF v_n < p_limit THEN
+            SELECT array_agg(r.rseq), array_agg(r.group_id), max(r.rseq) + 1 INTO v_rseqs, v_rgroups, v_rnext
+              FROM (SELECT r.rseq, r.group_id
+                      FROM transport_ready AS r
+                     WHERE r.rseq >= GREATEST(v_front, v_rnext) AND r.priority >= p_min_priority
+                     ORDER BY r.rseq
+                     LIMIT p_limit - v_n
+                       FOR UPDATE SKIP LOCKED) AS r;
+            IF v_rseqs IS NOT NULL THEN
+                SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
+                       COALESCE(v_atts, '{}') || array_agg(c.attempts)
+                  INTO v_groups, v_dseqs, v_atts
+                  FROM (SELECT c.group_id, c.delivered_seq, c.attempts
+                          FROM transport_groups AS c
+                         WHERE c.group_id = ANY (v_rgroups)
+                           AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
+                           AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
+                           AND c.priority >= p_min_priority AND NOT c.paused
+                           AND c.group_id <> ALL (v_skip)
+                           AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
+                           FOR NO KEY UPDATE SKIP LOCKED) AS c;
+                DELETE FROM transport_ready AS r
+                 WHERE r.rseq = ANY (v_rseqs)
+                   AND (r.group_id = ANY (COALESCE(v_groups, '{}'))
+                        OR NOT EXISTS (SELECT 1 FROM transport_groups AS g
+                                        WHERE g.group_id = r.group_id AND NOT g.paused
+                                          AND (g.locked_by IS NULL OR g.lock_expiry < p_now)
+                                          AND (g.drained_at IS NULL OR g.lock_expiry <= g.drained_at)));
+            ELSE
+                v_rnext := GREATEST(v_front, v_rnext);
+            END IF;
+        END IF;
+
+        v_swept := NULL;
+        v_pos := NULL;
         FOR v_pass IN 1..2 LOOP
             v_n := COALESCE(cardinality(v_groups), 0);
-            EXIT WHEN v_n >= p_limit;
-            -- Round from the first slot unless something was found and a
-            -- round that leased nothing was in the last 50 ms, or took 5 ms
-            -- or more and rests the rounds, while no slot has come round
-            -- behind the cursor (see "Going round").
-            EXIT WHEN v_pass = 2 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 50;
-            EXIT WHEN v_pass = 2 AND (v_n > 0 OR p_rest) AND v_newest + 1 >= v_cursor
+            v_filled := v_pass = 1 AND v_n >= p_limit AND v_t0 IS NULL;
+            EXIT WHEN v_n >= p_limit OR v_stop;
+            -- The sweep, where the due groups and the log left room: not
+            -- when something was found and a sweep that leased nothing
+            -- was in the last second, nor, for a claim that found
+            -- something or a stream's exchange, while sweeps rest (see
+            -- "Going round").
+            EXIT WHEN v_pass = 1 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 1000;
+            EXIT WHEN v_pass = 1 AND (v_n > 0 OR p_rest)
                   AND v_rest - date_part('epoch', clock_timestamp()) * 1000 BETWEEN 0 AND 2000;
-            IF v_pass = 2 THEN
-                v_t0 := clock_timestamp();
-            END IF;
-            SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
-                   COALESCE(v_atts, '{}') || array_agg(c.attempts), max(c.slot)
-              INTO v_groups, v_dseqs, v_atts, v_max
-              FROM (SELECT c.group_id, c.delivered_seq, c.attempts, c.slot
-                      FROM transport_groups AS c
-                     WHERE c.slot >= CASE WHEN v_pass = 1 THEN v_at ELSE v_from END
-                       AND c.slot < CASE WHEN v_pass = 1 THEN 1048576 ELSE v_upto END
-                       AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                       AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
-                       AND c.priority >= p_min_priority AND NOT c.paused
-                       AND c.group_id <> ALL (v_skip)
-                       AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
-                     ORDER BY c.slot
-                     LIMIT p_limit - v_n
-                       FOR NO KEY UPDATE SKIP LOCKED) AS c;
             IF v_pass = 1 THEN
-                v_last := v_max;
-                v_at := COALESCE(v_max + 1, 1048576);
-            ELSE
-                v_round := COALESCE(v_groups[v_n + 1:], '{}');
-                v_rlast := v_max;
-                v_from := COALESCE(v_max + 1, v_upto);
+                v_n0 := v_n;
+                v_swept := '{}';
+                IF v_t0 IS NULL THEN
+                    -- The call's first sweep: its budget's start, and the
+                    -- highest slot a row has (the walk from the cursor
+                    -- ends there rather than at the last of 2^20).
+                    v_t0 := clock_timestamp();
+                    v_top := COALESCE((SELECT max(c.slot) FROM transport_groups AS c), -1) + 1;
+                END IF;
+            END IF;
+            -- A pass walks its slots 512 at a time where the sweep has a
+            -- budget (a claim that found something, a stream's
+            -- exchange): the call stops sweeping after the piece that
+            -- takes its sweeps past 10 ms, and the next sweep goes on from
+            -- there.
+            LOOP
+                v_lo := CASE WHEN v_pass = 1 THEN v_at ELSE v_from END;
+                v_hi := CASE WHEN v_pass = 1 THEN GREATEST(v_top, v_lo) ELSE v_upto END;
+                IF v_n0 > 0 OR p_rest THEN
+                    v_hi := LEAST(v_hi, v_lo + 512);
+                END IF;
+                SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
+                       COALESCE(v_atts, '{}') || array_agg(c.attempts), max(c.slot)
+                  INTO v_groups, v_dseqs, v_atts, v_max
+                  FROM (SELECT c.group_id, c.delivered_seq, c.attempts, c.slot
+                          FROM transport_groups AS c
+                         WHERE c.slot >= v_lo AND c.slot < v_hi
+                           AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
+                           AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
+                           AND c.priority >= p_min_priority AND NOT c.paused
+                           AND c.group_id <> ALL (v_skip)
+                           AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
+                         ORDER BY c.slot
+                         LIMIT p_limit - v_n
+                           FOR NO KEY UPDATE SKIP LOCKED) AS c;
+                v_n := COALESCE(cardinality(v_groups), 0);
+                -- On past the last slot taken when the limit is reached,
+                -- past the piece's end when not.
+                v_pos := CASE WHEN v_n >= p_limit THEN v_max + 1 ELSE v_hi END;
+                IF v_pass = 1 THEN
+                    v_at := v_pos;
+                ELSE
+                    v_from := v_pos;
+                END IF;
                 v_ms := date_part('epoch', clock_timestamp() - v_t0) * 1000;
-            END IF;
+                v_stop := (v_n0 > 0 OR p_rest) AND v_ms >= 10;
+                EXIT WHEN v_n >= p_limit OR v_stop
+                       OR v_pos >= CASE WHEN v_pass = 1 THEN v_top ELSE v_upto END;
+            END LOOP;
+            v_swept := COALESCE(v_groups[v_n0 + 1:], '{}');
         END LOOP;
-        IF v_last IS NOT NULL AND p_min_priority <= 0 THEN
-            -- Past the last slot taken; not back behind a concurrent
-            -- claim's. (Back to a round's, below, only if it leased.)
-            IF v_last >= (SELECT c.last_value FROM transport_claim_cursor AS c) THEN
-                PERFORM setval('transport_claim_cursor', v_last + 1);
-            END IF;
-            v_cursor := v_last + 1;
+        IF v_pos IS NOT NULL AND p_min_priority <= 0 THEN
+            -- The next sweep goes on from where this one got to (back at
+            -- the slot it began at after a whole lap).
+            PERFORM setval('transport_claim_cursor', LEAST(v_pos, 1048576));
+            v_cursor := v_pos;
         END IF;
 
         -- The heads, in a statement after the locks (every array
@@ -460,17 +603,12 @@ BEGIN
                    drained_at = CASE WHEN NOT g.paused AND g.state IS NULL THEN COALESCE(g.drained_at, p_now) END
              WHERE g.group_id = ANY (ARRAY(SELECT unnest(v_empty) EXCEPT SELECT unnest(v_gone)));
         END IF;
-        IF v_round IS NOT NULL AND p_min_priority <= 0 THEN
-            IF EXISTS (SELECT 1 FROM unnest(v_round) AS r
-                        WHERE r <> ALL (COALESCE(v_empty, '{}')) AND r <> ALL (COALESCE(v_stopped, '{}'))) THEN
-                -- The round leased: the cursor goes past its last slot. One
-                -- that leased nothing leaves the cursor where it was (with
-                -- arrivals ahead of it, not the rows the round passed) and
-                -- may rest the rounds.
-                PERFORM setval('transport_claim_cursor', v_rlast + 1);
-                v_cursor := v_rlast + 1;
-            ELSE
-                SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(p_now, v_ms, v_rest) AS r;
+        IF v_swept IS NOT NULL AND p_min_priority <= 0 THEN
+            IF NOT EXISTS (SELECT 1 FROM unnest(v_swept) AS r
+                            WHERE r <> ALL (COALESCE(v_empty, '{}')) AND r <> ALL (COALESCE(v_stopped, '{}'))) THEN
+                -- A sweep that leased nothing: recorded, and it may rest
+                -- the sweeps.
+                SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(CASE WHEN NOT v_stop THEN p_now END, v_ms, v_rest) AS r;
             END IF;
         END IF;
         -- A stream's exchange (p_rest) stops after 256 rows picked and not
@@ -484,6 +622,9 @@ BEGIN
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL)
                OR (p_rest AND cardinality(v_skip) >= 256);
     END LOOP;
+    IF v_filled AND p_min_priority <= 0 THEN
+        PERFORM harel_reap(p_now, p_limit);  -- the kept rows its sweep would have met
+    END IF;
 END
 $$;
 

@@ -151,6 +151,9 @@ DECLARE
     v_seqs    BIGINT[];
     v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
 BEGIN
+    -- Before the acks write: the frontier's next check is recorded only
+    -- by a transaction that holds no id yet (25_ready.sql).
+    PERFORM harel_ready_front();
     -- The entry checks (15_checks.sql): a token and a lease end
     -- only where they are used, by a claim or a kept lease.
     IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
@@ -327,6 +330,7 @@ DECLARE
     v_event TEXT;
     v_pub   TIMESTAMPTZ;
 BEGIN
+    PERFORM harel_ready_front();  -- before the ack writes (as harel_exchange_leases)
     kept := false;
     IF p_keep THEN
         -- The keep, for one lease, as harel_exchange_leases keeps (see

@@ -33,7 +33,8 @@ GRANT EXECUTE ON FUNCTION
 -- with a key must (and, since version 12, on transport_kept_states, which
 -- any delete of a group row with a state may write, and on the claim's
 -- floor sequences, which every claim reads; since version 13, read on
--- transport_partition, which a proxy's check reads); and where the
+-- transport_partition, which a proxy's check reads; since version 20,
+-- the ready log and its sequences, which every claim and ack writes); and where the
 -- owner's default privileges revoke EXECUTE
 -- from PUBLIC, none on the functions it added. So every role that may
 -- update transport_groups (PUBLIC aside) gets the same on the tables
@@ -51,9 +52,11 @@ BEGIN
          WHERE c.oid = 'transport_groups'::regclass
            AND a.privilege_type = 'UPDATE' AND a.grantee <> c.relowner AND a.grantee <> 0
     LOOP
-        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states TO ' || r.role;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states, transport_ready TO ' || r.role;
         EXECUTE 'GRANT SELECT ON transport_policy, transport_partition TO ' || r.role;
-        EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap, transport_claim_rest TO ' || r.role;
+        EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap, transport_claim_rest, '
+             || 'transport_ready_rseq, transport_ready_front, transport_ready_check_rseq, transport_ready_check_xid, transport_claim_reap_cursor TO ' || r.role;
+        EXECUTE 'GRANT USAGE ON SEQUENCE transport_ready_rseq TO ' || r.role;
     END LOOP;
     FOR r IN
         SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role
