@@ -214,3 +214,53 @@ func TestReadyLogLosesNoEntry(t *testing.T) {
 	is.Equal(below, 0) // no entry skipped by the frontier
 	is.Equal(left, 0)  // and none left: every one was taken
 }
+
+// TestReadyFrontRecordsOnlyWithoutAnID: a call of harel_ready_front whose
+// pending check passes moves the frontier with a setval, which takes a
+// transaction id; it must not then record the next check with that id,
+// older than the entry number it would read after it (version 21: the
+// frontier passed a writer's entry so under load). It clears the check,
+// and the next call in a transaction without an id records one.
+func TestReadyFrontRecordsOnlyWithoutAnID(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	var front, check int64
+	state := func() {
+		t.Helper()
+		is.NoErr(c.QueryRow(ctx(t), `SELECT (SELECT last_value FROM transport_ready_front), (SELECT last_value FROM transport_ready_check_xid)`).Scan(&front, &check))
+	}
+	_, err := c.Exec(ctx(t), `SELECT harel_ready_front()`) // records a check (R = 0)
+	is.NoErr(err)
+	for i := range 5 { // entries, taken: the frontier has somewhere to go
+		_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, fmt.Sprint("g", i))
+		is.NoErr(err)
+	}
+	var taken int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_claim_leases(1000, 1060, 'w', 0, 5)`).Scan(&taken))
+	is.Equal(taken, 5)
+	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(5 * time.Millisecond) {
+		state()
+		before := front
+		tx, err := c.Begin(ctx(t))
+		is.NoErr(err)
+		_, err = tx.Exec(ctx(t), `SELECT harel_ready_front()`)
+		is.NoErr(err)
+		var moved bool
+		is.NoErr(tx.QueryRow(ctx(t), `SELECT last_value > $1 FROM transport_ready_front`, before).Scan(&moved))
+		var recorded int64
+		is.NoErr(tx.QueryRow(ctx(t), `SELECT last_value FROM transport_ready_check_xid`).Scan(&recorded))
+		is.NoErr(tx.Commit(ctx(t)))
+		if moved {
+			is.Equal(recorded, int64(0)) // cleared, not recorded with the setval's id
+			_, err := c.Exec(ctx(t), `SELECT harel_ready_front()`)
+			is.NoErr(err)
+			state()
+			is.True(check > 0) // the next call, with no id, records
+			return
+		}
+	}
+	t.Fatal("the frontier never moved")
+}
