@@ -18,9 +18,9 @@ import (
 // revives that row (same slot while the rounds do not rest, the new
 // publish's priority, the mark gone)
 // and wakes an idle consumer as a new group would, and so does
-// harel_publish_many; a claim that finds the row empty leaves it, later
-// claims pass it until 2 s after the drain, and the first one after that
-// deletes it if it is still empty; and a message that reaches a marked
+// harel_publish_many; claims pass the row, unwritten, while it is empty,
+// and the first one that leases nothing 2 s after the drain or later
+// reaps it; and a message that reaches a marked
 // row without its group insert (a publish that overlapped the drain) is
 // handed out by the next claim.
 func TestDrainedRowIsKeptAndRevived(t *testing.T) {
@@ -126,15 +126,15 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	is.Equal(g+"/"+ev, "g/fourth")
 	ack(g, seq)
 
-	// Not published again: found empty, passed until 2 s after the drain,
-	// then deleted by the claim that meets it.
+	// Not published again: passed, unwritten, until 2 s after the drain,
+	// then deleted by the reap of a claim that leased nothing.
 	g, _, _ = claim(0) // 1 s after the drain
 	is.Equal(g, "")
 	_, ok = rowOf("g")
-	is.True(ok) // found empty, kept
-	var found bool
-	is.NoErr(c.QueryRow(ctx(t), `SELECT lock_expiry > drained_at FROM transport_groups WHERE group_id = 'g'`).Scan(&found))
-	is.True(found) // freed again: lock_expiry past the drain
+	is.True(ok) // kept
+	var untouched bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT lock_expiry = drained_at FROM transport_groups WHERE group_id = 'g'`).Scan(&untouched))
+	is.True(untouched) // the claim wrote nothing to the empty row
 	now += 2
 	g, _, _ = claim(0) // 4 s after
 	is.Equal(g, "")
@@ -221,4 +221,66 @@ func TestFilledClaimsReapKeptRows(t *testing.T) {
 	is.Equal(old, 0)     // reaped, a slot a claim
 	is.Equal(recent, 10) // drained less than 2 s ago: kept
 	is.Equal(jobs, 120)  // leased, with their messages
+}
+
+// TestSweepLocksNoEmptyKeptRow: a claim whose sweep meets a drained
+// group's kept row, empty, neither locks nor deletes it ("Kept rows" in
+// functions/30_claim.sql), so the group's publisher, reviving the row,
+// waits for no claim in progress (version 21's sweep took the row and
+// held it to the claim's commit; a stream's exchange could hold hundreds).
+// Once committed, the claims hand out the new message.
+func TestSweepLocksNoEmptyKeptRow(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	var seq int64
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('kept', 'e', 0)`)
+	is.NoErr(err)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1000, 1060, 'w')`).Scan(&seq))
+	var ok bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('kept', $1, 'w', 1000)`, seq).Scan(&ok))
+	is.True(ok) // drained at 1000: the row is kept
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('other', 'e', 0)`)
+	is.NoErr(err)
+
+	for _, exchange := range []bool{false, true} {
+		// A claim of 2, 3 s after the drain, in a transaction left open:
+		// the log gives it "other", and its sweep, from the first slot,
+		// meets the kept row.
+		_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_cursor', 0)`)
+		is.NoErr(err)
+		tx, err := db.Pool.Begin(ctx(t))
+		is.NoErr(err)
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // a failure below leaves no transaction open
+		var got []string
+		q := `SELECT group_id FROM harel_claim_leases(1003, 1063, 'x', 0, 2)`
+		if exchange {
+			q = `SELECT group_id FROM harel_exchange_leases(1003, 1063, 'x', 0, 2, '{}', '{}', '{}', '{}', true) WHERE kind = 'c'`
+		}
+		rows, err := tx.Query(ctx(t), q)
+		is.NoErr(err)
+		got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		is.NoErr(err)
+		is.Equal(got, []string{"other"}) // the kept row is empty: not handed out
+
+		// The kept group's publisher revives its row meanwhile.
+		p := db.Conn(t)
+		_, err = p.Exec(ctx(t), `SET lock_timeout = '2s'`)
+		is.NoErr(err)
+		_, err = p.Exec(ctx(t), `SELECT harel_publish('kept', 'again', 0)`)
+		is.NoErr(err) // no wait on the claim's transaction
+		is.NoErr(tx.Commit(ctx(t)))
+
+		var group, event string
+		is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, seq, event FROM harel_claim(1004, 1064, 'w')`).Scan(&group, &seq, &event))
+		is.Equal(group+"/"+event, "kept/again") // revived and handed out
+		is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('kept', $1, 'w', 1004)`, seq).Scan(&ok))
+		is.True(ok)
+		_, err = c.Exec(ctx(t), `UPDATE transport_groups SET locked_by = NULL, lock_expiry = 1000, drained_at = 1000 WHERE group_id = 'kept'`)
+		is.NoErr(err) // drained at 1000 again, for the exchange's turn
+		_, err = c.Exec(ctx(t), `UPDATE transport_groups SET locked_by = NULL, lock_expiry = NULL WHERE group_id = 'other'`)
+		is.NoErr(err) // and "other" free again, with its message
+	}
 }

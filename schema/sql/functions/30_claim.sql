@@ -87,17 +87,17 @@
 -- lost-publish guard (so that no publisher waits for a drainer), so it
 -- can be wrong: a publish whose group insert came just before the mark,
 -- its message still uncommitted when the ack looked, revived nothing and
--- leaves its message under a marked row. So the sweep takes a freshly
--- marked row like any free one and reads its head: a message is handed
--- out; none, and the row is freed again, lock_expiry moving past
--- drained_at (at least 1 ms past, whatever the claim's clock): found
--- empty. The sweep passes a row found empty on the heap
--- until 2 s after its drain, as it passes a leased one, and takes it
--- again after that, deleting it if it is still empty (the guard's
--- try-lock, then a re-check) or, where a publisher holds the guard,
--- freeing it again. So a group that comes back within 2 s keeps its row
--- for good, and one that does not (a job of one message, say) costs two
--- claim visits (one to find it empty, one to delete it) where an ack used
+-- leaves its message under a marked row. So the sweep looks for a message
+-- under every marked row it meets (an index probe of transport_messages,
+-- before the lock) and takes the row, and hands its head out, when it
+-- finds one. It never locks an empty kept row: a publisher reviving one
+-- waits for no claim (until version 22 the sweep took a marked row to
+-- read its head, passed it for 2 s once found empty and then took it
+-- again, and a stream's exchange could hold hundreds of them locked while
+-- their publishers waited; TestSweepLocksNoEmptyKeptRow). harel_reap
+-- deletes the kept rows still empty 2 s after their drain. So a group
+-- that comes back within 2 s keeps its row for good, and one that does
+-- not (a job of one message, say) costs a reap's delete where an ack used
 -- to delete it.
 
 -- Due groups first: a group held by no one that is due before the sweep
@@ -258,14 +258,16 @@ $$;
 
 -- harel_reap deletes the kept rows drained 2 s ago or more, still empty,
 -- among the next p_slots slots from the reap's cursor
--- (transport_claim_reap_cursor, round and round like the sweep's), as the
--- sweep deletes those it meets (the guard's try-lock, then a re-check in a
--- statement after it). A claim whose limit the due groups and the log
--- reached before it swept calls it with its limit, so that under a
--- backlog of one-message groups, where claims never sweep, the rows their
--- acks leave are reaped as fast as they come (a new group takes the next
--- slot): bounded work for each claim, where version 19's sweep met them
--- in its walk (version 20).
+-- (transport_claim_reap_cursor, round and round like the sweep's): it
+-- locks only rows it found empty, and deletes them after the guard's
+-- try-lock and a re-check in a statement after it. A claim whose limit
+-- the due groups and the log reached before it swept calls it with its
+-- limit, so that under a backlog of one-message groups, where claims
+-- never sweep, the rows their acks leave are reaped as fast as they come
+-- (a new group takes the next slot): bounded work for each claim. A claim
+-- that leased nothing calls it with 512 slots, so that an idle queue's
+-- kept rows go too (version 22; until then the sweep deleted those it
+-- met).
 CREATE OR REPLACE FUNCTION harel_reap(
     p_now   DOUBLE PRECISION,
     p_slots INT)
@@ -291,10 +293,9 @@ BEGIN
              WHERE c.slot >= v_lo AND c.slot < v_lo + p_slots
                AND c.locked_by IS NULL AND NOT c.paused AND c.state IS NULL
                AND c.drained_at < p_now - 2
+               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id)
                FOR NO KEY UPDATE SKIP LOCKED) AS c
-     WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id)
-                THEN false
-                ELSE harel_try_guard(c.group_id) END;  -- a CASE, so that the lock is not taken for a row with messages
+     WHERE harel_try_guard(c.group_id);
     IF v_gone IS NOT NULL THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = ANY (v_gone)
@@ -416,7 +417,7 @@ BEGIN
         -- read before (see "The ready log"): the groups of the entries it
         -- picks that are claimable, as the sweep's are. It deletes the
         -- entries of the groups it took, and those of groups gone, held,
-        -- paused or found empty since their drain (what makes them
+        -- paused or drained and still empty (what makes them
         -- claimable again writes a new entry); it leaves those whose row
         -- another transaction holds.
         v_n := COALESCE(cardinality(v_groups), 0);
@@ -436,7 +437,7 @@ BEGIN
                           FROM transport_groups AS c
                          WHERE c.group_id = ANY (v_rgroups)
                            AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                           AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
+                           AND (c.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id))
                            AND c.priority >= p_min_priority AND NOT c.paused
                            AND c.group_id <> ALL (v_skip)
                            AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
@@ -447,7 +448,8 @@ BEGIN
                         OR NOT EXISTS (SELECT 1 FROM transport_groups AS g
                                         WHERE g.group_id = r.group_id AND NOT g.paused
                                           AND (g.locked_by IS NULL OR g.lock_expiry < p_now)
-                                          AND (g.drained_at IS NULL OR g.lock_expiry <= g.drained_at)));
+                                          AND (g.drained_at IS NULL
+                                               OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id))));
             ELSE
                 v_rnext := GREATEST(v_front, v_rnext);
             END IF;
@@ -496,7 +498,7 @@ BEGIN
                           FROM transport_groups AS c
                          WHERE c.slot >= v_lo AND c.slot < v_hi
                            AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                           AND (c.drained_at IS NULL OR c.drained_at < p_now - 2 OR c.lock_expiry <= c.drained_at)
+                           AND (c.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id))
                            AND c.priority >= p_min_priority AND NOT c.paused
                            AND c.group_id <> ALL (v_skip)
                            AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
@@ -578,12 +580,13 @@ BEGIN
         END IF;
 
         IF v_empty IS NOT NULL THEN
-            -- Empty group rows: delete those drained 2 s ago or more (or
-            -- never marked) that no publisher is mid-transaction on (a
-            -- publisher holds the group's lock, shared, from its message
-            -- insert until it commits; see harel_hold_group), re-checked
-            -- in a statement after the try-lock; free the rest, found
-            -- empty (see "Kept rows").
+            -- Group rows found empty (their message seen by the pick was
+            -- gone by the head's read, or a row never marked): delete those
+            -- drained 2 s ago or more (or never marked) that no publisher
+            -- is mid-transaction on (a publisher holds the group's lock,
+            -- shared, from its message insert until it commits; see
+            -- harel_hold_group), re-checked in a statement after the
+            -- try-lock; free and mark the rest (see "Kept rows").
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
@@ -622,8 +625,8 @@ BEGIN
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL)
                OR (p_rest AND cardinality(v_skip) >= 256);
     END LOOP;
-    IF v_filled AND p_min_priority <= 0 THEN
-        PERFORM harel_reap(p_now, p_limit);  -- the kept rows its sweep would have met
+    IF p_min_priority <= 0 AND (v_filled OR v_leased = 0) THEN
+        PERFORM harel_reap(p_now, CASE WHEN v_filled THEN p_limit ELSE 512 END);
     END IF;
 END
 $$;

@@ -1,0 +1,8 @@
+-- 022_kept_rows_unlocked.sql: no table changes. A claim takes a drained
+-- group's kept row only when a message is under it, probing the messages
+-- index before it locks (functions/30_claim.sql, "Kept rows"), and the
+-- reap, run also by claims that leased nothing, deletes those still
+-- empty 2 s after their drain. Version 21 took every marked row to read
+-- its head, and again 2 s after finding it empty: a stream's exchange
+-- could hold hundreds of empty kept rows locked while their publishers,
+-- reviving them, waited.
