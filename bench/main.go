@@ -62,6 +62,7 @@ func main() {
 		rate     = flag.Int("rate", 0, "with -sustained: publish this many messages a second from an empty queue and report the pickup latency (0: keep -backlog queued)")
 		noVac    = flag.Bool("novacuum", false, "with -sustained on the test server (autovacuum off): nothing vacuums the tables")
 		fresh    = flag.Bool("cluster", false, "with -sustained: run on a throwaway cluster with autovacuum on (production-like) instead of the test server")
+		pgconf   = flag.String("pgconf", "", "with -cluster: server settings for the throwaway cluster, comma-separated name=value (e.g. shared_buffers=2GB); PostgreSQL's defaults otherwise")
 		cases    = flag.String("case", "", "run only the claim+ack cases whose system/wW/gG (e.g. async/w64/g10000) matches this regexp")
 	)
 	flag.Parse()
@@ -77,6 +78,9 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	if *pgconf != "" && (!*fresh || *sust == 0) {
+		fail(fmt.Errorf("-pgconf sets the throwaway cluster of -sustained ... -cluster; it is given without them"))
+	}
 	defer pgtest.Shutdown()
 	if *prof != "" {
 		f, err := os.Create(*prof)
@@ -89,7 +93,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	if *sust > 0 {
-		if err := sustained(context.Background(), *sust, *hold, *fresh, *inflight, *backlog, *rate, *noVac); err != nil {
+		if err := sustained(context.Background(), *sust, *hold, *fresh, serverSettings(*pgconf), *inflight, *backlog, *rate, *noVac); err != nil {
 			pgtest.Shutdown()
 			fail(err)
 		}

@@ -39,7 +39,7 @@ import (
 // from an empty queue, each carrying its publish time, and every 10 s and
 // every minute the run also prints the pickup latency (publish to receive)
 // at p50 and p99.
-func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, backlog, rate int, noVacuum bool) error {
+func sustained(ctx context.Context, d, hold time.Duration, fresh bool, pgconf []string, workers, backlog, rate int, noVacuum bool) error {
 	const groups = 10_000
 	cfg := pgtransport.Config{Async: pgtransport.AsyncConfig{Vacuum: 10 * time.Second}} // this machine's server runs with autovacuum off
 	if noVacuum {
@@ -48,7 +48,7 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 	}
 	serverCPU := func() (time.Duration, error) { return 0, nil }
 	if fresh {
-		c, err := pgtest.StartCluster()
+		c, err := pgtest.StartCluster(pgconf...)
 		if err != nil {
 			return err
 		}
@@ -57,6 +57,9 @@ func sustained(ctx context.Context, d, hold time.Duration, fresh bool, workers, 
 		os.Setenv("TEST_DATABASE_URL", c.DSN())
 		cfg.Async.Vacuum = 0 // autovacuum is on, at its defaults
 		fmt.Println("a throwaway cluster, autovacuum on at its defaults")
+		if len(pgconf) > 0 {
+			fmt.Printf("its settings otherwise PostgreSQL's defaults but %s\n", strings.Join(pgconf, ", "))
+		}
 	}
 	db, err := pgtest.Open(int32(min(workers, 64)) + 8)
 	if err != nil {
@@ -340,4 +343,15 @@ func (p *pickupLog) take(on bool) string {
 		return "; no pickups"
 	}
 	return fmt.Sprintf("; pickup p50 %.1f ms, p99 %.1f ms (%d)", ms(percentile(d, 50)), ms(percentile(d, 99)), len(d))
+}
+
+// serverSettings splits -pgconf's comma-separated name=value list.
+func serverSettings(list string) []string {
+	var out []string
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

@@ -24,8 +24,13 @@ type Cluster struct {
 }
 
 // StartCluster initializes and starts a cluster from the installed server
-// binaries.
-func StartCluster() (*Cluster, error) {
+// binaries, with PostgreSQL's defaults but for settings ("name=value",
+// e.g. "shared_buffers=2GB"), written to its postgresql.auto.conf.
+func StartCluster(settings ...string) (*Cluster, error) {
+	conf, err := confLines(settings)
+	if err != nil {
+		return nil, err
+	}
 	bin, err := findBin()
 	if err != nil {
 		return nil, err
@@ -60,6 +65,10 @@ func StartCluster() (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("throwaway cluster: initdb: %w\n%s", err, out)
 	}
+	if err := c.configure(conf); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
 	if err := c.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -68,6 +77,37 @@ func StartCluster() (*Cluster, error) {
 }
 
 func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// confLines is settings ("name=value") as lines of postgresql.auto.conf,
+// each value quoted as the server's files quote it.
+func confLines(settings []string) (string, error) {
+	var b strings.Builder
+	for _, s := range settings {
+		name, value, ok := strings.Cut(s, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" || strings.ContainsAny(name, " \t\n'#=") {
+			return "", fmt.Errorf("throwaway cluster: setting %q is not name=value", s)
+		}
+		fmt.Fprintf(&b, "%s = '%s'\n", name, strings.ReplaceAll(strings.TrimSpace(value), "'", "''"))
+	}
+	return b.String(), nil
+}
+
+// configure appends conf to the cluster's postgresql.auto.conf.
+func (c *Cluster) configure(conf string) error {
+	if conf == "" {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(c.data(), "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(conf); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
 
 // DSN is the cluster's connection string.
 func (c *Cluster) DSN() string {

@@ -247,3 +247,21 @@ func TestReusedDBIsFresh(t *testing.T) {
 		is.Equal(read(t, db), first) // as fresh as it was, down to the next seq
 	})
 }
+
+// TestClusterSettings: a throwaway cluster starts with the settings it is
+// given (bench's -pgconf) and refuses one that is not name=value.
+func TestClusterSettings(t *testing.T) {
+	is := is.New(t)
+	_, err := StartCluster("shared_buffers")
+	is.True(err != nil) // not name=value
+	c, err := StartCluster("shared_buffers=48MB", " work_mem = 5MB ")
+	is.NoErr(err)
+	defer c.Stop()
+	conn, err := pgx.Connect(Context(t), c.DSN())
+	is.NoErr(err)
+	defer conn.Close(context.Background())
+	var buffers, workMem string
+	is.NoErr(conn.QueryRow(Context(t), `SELECT current_setting('shared_buffers'), current_setting('work_mem')`).Scan(&buffers, &workMem))
+	is.Equal(buffers, "48MB")
+	is.Equal(workMem, "5MB")
+}
