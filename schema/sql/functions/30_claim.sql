@@ -47,7 +47,7 @@
 -- Going round. A claim sweeps (from the cursor to the last slot and on
 -- from the first) when the due groups and the log left room, unless it has
 -- found something and a sweep that leased nothing (it found no row, or
--- only empty ones) was in the last second (transport_claim_wrap, the p_now
+-- only rows found empty) was in the last second (transport_claim_wrap, the p_now
 -- of that claim, epoch ms), or, where that sweep took 5 ms or more, it
 -- found something or is a stream's exchange (harel_exchange_leases with
 -- p_rest: a stream that finds nothing waits for a wake-up or its IdleSweep
@@ -265,9 +265,11 @@ $$;
 -- limit, so that under a backlog of one-message groups, where claims
 -- never sweep, the rows their acks leave are reaped as fast as they come
 -- (a new group takes the next slot): bounded work for each claim. A claim
--- that leased nothing calls it with 512 slots, so that an idle queue's
--- kept rows go too (version 22; until then the sweep deleted those it
--- met).
+-- that leased nothing calls it with its limit, 64 at least, so that an
+-- idle queue's kept rows go too (version 22; until then the sweep deleted
+-- those it met). Each row it deletes holds its guard bucket (one of 1,024)
+-- until the claim commits, and publishers of that bucket's groups wait:
+-- so few at a time (version 23; version 22 took 512 slots).
 CREATE OR REPLACE FUNCTION harel_reap(
     p_now   DOUBLE PRECISION,
     p_slots INT)
@@ -615,18 +617,19 @@ BEGIN
             END IF;
         END IF;
         -- A stream's exchange (p_rest) stops after 256 rows picked and not
-        -- leased, returning what it has: each row stays locked until the
-        -- claim commits, publishers of those groups wait for it, and the
-        -- next exchange passes them (the cursor has moved past them, or, for
-        -- a claim with a floor, they are gone or passed as found empty). Under a
-        -- held snapshot at 2,000 msgs/s one exchange met 5,000 kept rows in
-        -- a row. Other claims go on: they lease something when anything is
-        -- claimable.
+        -- leased (found empty or stopped), returning what it has: each row
+        -- stays locked until the claim commits, publishers of those groups
+        -- wait for it, and the next exchange passes them (the cursor has
+        -- moved past them, or, for a claim with a floor, they are gone or
+        -- marked). Under a held snapshot at 2,000 msgs/s one version-21
+        -- exchange met 5,000 kept rows in a row (since version 22 a claim
+        -- picks a kept row only with a message under it). Other claims go
+        -- on: they lease something when anything is claimable.
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL)
                OR (p_rest AND cardinality(v_skip) >= 256);
     END LOOP;
     IF p_min_priority <= 0 AND (v_filled OR v_leased = 0) THEN
-        PERFORM harel_reap(p_now, CASE WHEN v_filled THEN p_limit ELSE 512 END);
+        PERFORM harel_reap(p_now, CASE WHEN v_filled THEN p_limit ELSE GREATEST(p_limit, 64) END);
     END IF;
 END
 $$;

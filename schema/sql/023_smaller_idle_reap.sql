@@ -1,0 +1,6 @@
+-- 023_smaller_idle_reap.sql: no table changes. A claim that leased nothing
+-- reaps as many slots as its limit, 64 at least, rather than 512
+-- (functions/30_claim.sql, harel_reap): each kept row a reap deletes holds
+-- its guard bucket (one of 1,024) until the claim commits, and 512 rows
+-- held about 40% of the buckets, so that publishers of those groups
+-- waited for an idle exchange.
