@@ -82,8 +82,8 @@ func (c *claimCounter) Claimed(n int, d time.Duration, err error) { c.n.Add(int6
 // then holds its claims back (the gate), as on one database, instead of
 // claiming the same groups again every half visibility: in 4.5 s at a
 // visibility of 2 s it claims its slots and then probes a lease at a time
-// per partition (20 measured), not its slots every second (40 without the
-// gate).
+// per partition (24 measured alone, 29 once in a loaded CI run), not its
+// slots every second (40 without the gate).
 func TestMergedStreamHoldsBackUnreceived(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -102,5 +102,5 @@ func TestMergedStreamHoldsBackUnreceived(t *testing.T) {
 	claimed := obs.n.Load()
 	t.Logf("claimed %d leases in 4.5 s with no receiver (8 slots)", claimed)
 	is.True(claimed >= 8)  // it claimed its slots
-	is.True(claimed <= 28) // and held back after the give-backs: without the gate, 8 every second
+	is.True(claimed <= 32) // and held back after the give-backs: without the gate, 8 every second
 }
