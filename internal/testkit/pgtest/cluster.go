@@ -88,6 +88,9 @@ func confLines(settings []string) (string, error) {
 		if !ok || name == "" || strings.ContainsAny(name, " \t\n'#=") {
 			return "", fmt.Errorf("throwaway cluster: setting %q is not name=value", s)
 		}
+		if strings.ContainsAny(value, "\r\n") {
+			return "", fmt.Errorf("throwaway cluster: setting %q has a line break in its value", s)
+		}
 		fmt.Fprintf(&b, "%s = '%s'\n", name, strings.ReplaceAll(strings.TrimSpace(value), "'", "''"))
 	}
 	return b.String(), nil

@@ -249,11 +249,17 @@ func TestReusedDBIsFresh(t *testing.T) {
 }
 
 // TestClusterSettings: a throwaway cluster starts with the settings it is
-// given (bench's -pgconf) and refuses one that is not name=value.
+// given (bench's -pgconf) and refuses one that is not name=value or
+// whose value breaks the line.
 func TestClusterSettings(t *testing.T) {
 	is := is.New(t)
+	if _, err := findBin(); err != nil {
+		t.Skipf("no server binaries to start a cluster with: %v", err)
+	}
 	_, err := StartCluster("shared_buffers")
 	is.True(err != nil) // not name=value
+	_, err = StartCluster("application_name=a\nfsync=off")
+	is.True(err != nil) // a line break would write a second setting
 	c, err := StartCluster("shared_buffers=48MB", " work_mem = 5MB ")
 	is.NoErr(err)
 	defer c.Stop()
