@@ -48,6 +48,7 @@ type trip struct {
 type idleState struct {
 	notify bool          // the stream has a subscription, so arming writes a waiter row
 	sweep  time.Duration // Config.IdleSweep
+	ttl    time.Duration // how long a waiter row stands once written (waiterTTL)
 
 	phase  phase
 	armed  bool // our waiter row may exist
@@ -60,11 +61,13 @@ type idleState struct {
 	next     time.Time // the earliest lease or park the waiter row saw running out (zero: none)
 	ticket   *core.Ticket
 
-	// When the waiter row was last written, the ticket taken, and the last
-	// round-trip that claimed left: a claim that left after both saw every
-	// group claimable before it, and the row and the ticket catch those
-	// after it.
+	// When the stream last armed (wrote its waiter row, or found it
+	// standing and asked for the next expiry), the ticket taken, and the
+	// last round-trip that claimed left: a claim that left after both saw
+	// every group claimable before it, and the row and the ticket catch
+	// those after it.
 	armedAt, ticketAt, claimedAt time.Time
+	rowAt                        time.Time // when the waiter row was last written
 }
 
 // mayLeave reports whether a round-trip may leave now, with flying out and
@@ -117,10 +120,24 @@ func (w *idleState) armedNow(now time.Time) bool {
 	return (w.armed || !w.notify) && fresh && ahead
 }
 
-// rowWritten records the waiter row written at now; in, if ok, is how
-// long until the earliest lease or park it saw runs out.
-func (w *idleState) rowWritten(now time.Time, in time.Duration, ok bool) {
+// rowStands reports whether the waiter row, written at rowAt, stands
+// through any sleep that begins now (at most IdleSweep), with a second to
+// spare: then arming need not write it again, only ask for the next
+// expiry. (Under a held snapshot every write of the row leaves a version
+// that each publisher's waiters check passes until the snapshot ends; a
+// stream paced by its publisher wrote it about 15 times a second.)
+func (w *idleState) rowStands(now time.Time) bool {
+	return w.notify && w.armed && now.Sub(w.rowAt) < w.ttl-w.sweep-time.Second
+}
+
+// rowWritten records the waiter row written at now (written false: found
+// standing, only the expiry asked for); in, if ok, is how long until the
+// earliest lease or park it saw runs out.
+func (w *idleState) rowWritten(now time.Time, written bool, in time.Duration, ok bool) {
 	w.armed, w.armedAt, w.notified = w.notify, now, false
+	if written {
+		w.rowAt = now
+	}
 	w.next = time.Time{}
 	if ok {
 		w.next = now.Add(in)
@@ -171,7 +188,7 @@ func (w *idleState) landed(t trip, full bool) (unwait bool) {
 	case t.limit > t.got && w.phase == arming && w.notified && t.got == 0:
 		// A new group, and nothing to claim: it came leased, or another
 		// consumer took it. Its lease's end is later news than the row's
-		// last answer: arm again (the row's write reports it) and claim
+		// last answer: arm again (its wait reports it) and claim
 		// once more, or the stream would sleep past it until IdleSweep.
 		w.notified, w.armedAt = false, time.Time{}
 	case t.limit > t.got && w.phase == arming:

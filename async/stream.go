@@ -285,7 +285,7 @@ func (s *stream) run(ctx, parent context.Context) {
 	defer close(s.out)
 	defer s.finish(parent)
 	var (
-		w      = idleState{notify: s.sub != nil, sweep: s.t.cfg.IdleSweep}
+		w      = idleState{notify: s.sub != nil, sweep: s.t.cfg.IdleSweep, ttl: s.waiterTTL()}
 		retry  = newRetry()
 		trips  = make(chan trip, depth)
 		flying int // round-trips in flight
@@ -412,19 +412,25 @@ func (s *stream) landed(ctx context.Context, w *idleState, t trip, retry *backof
 }
 
 // arm readies the stream to sleep, before the claim that may find nothing:
-// its waiter row, unless the last still stands, and a fresh ticket.
+// its waiter row, unless the last still stands (then only the next
+// expiry is asked for, unless that too is still ahead), and a fresh
+// ticket.
 func (s *stream) arm(ctx context.Context, w *idleState) error {
-	if !w.armedNow(time.Now()) {
+	if now := time.Now(); !w.armedNow(now) {
+		waiter := s.waiterName()
+		if w.rowStands(now) {
+			waiter = ""
+		}
 		// Not cut short by ctx: a Close that cancelled it mid-flight could
 		// see its Unwait (in finish) run before this row commits, and leave
 		// the row behind until it lapses. It takes milliseconds.
 		wctx, cancel := s.t.detach(ctx, 5*time.Second)
-		d, ok, err := s.p.core.Wait(wctx, s.waiterName(), s.cfg.MinPriority, s.waiterTTL())
+		d, ok, err := s.p.core.Wait(wctx, waiter, s.cfg.MinPriority, s.waiterTTL())
 		cancel()
 		if err != nil {
 			return err
 		}
-		w.rowWritten(time.Now(), d, ok)
+		w.rowWritten(time.Now(), waiter != "", d, ok)
 	}
 	w.retick(s.p.parking.Ticket(), time.Now())
 	return nil

@@ -15,8 +15,9 @@ import (
 // TestDrainedRowIsKeptAndRevived is "Kept rows" in functions/30_claim.sql,
 // through the design's plain SQL: the ack that drains a group keeps its
 // row, freed and marked, in place; the group's next two-INSERT publish
-// revives that row (same slot while the rounds do not rest, the new
-// publish's priority, the mark gone)
+// readies that row (same slot, the new publish's priority, an entry in
+// the ready log; the row unwritten when its priority stays, and marked
+// until the claim that leases it)
 // and wakes an idle consumer as a new group would, and so does
 // harel_publish_many; claims pass the row, unwritten, while it is empty,
 // and the reap of a claim that leases nothing 2 s after the drain or later
@@ -93,13 +94,20 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	is.NoErr(l.QueryRow(ctx(t), `SELECT harel_channel()`).Scan(&channel))
 	_, err := l.Exec(ctx(t), `LISTEN `+pgx.Identifier{channel}.Sanitize())
 	is.NoErr(err)
-	_, err = c.Exec(ctx(t), `SELECT harel_wait('idle', 0, 60, extract(epoch FROM clock_timestamp()))`)
+	_, err = c.Exec(ctx(t), `SELECT harel_wait('idle', 0, 60, $1)`, now) // on the test's clock, so that its reap passes the row
 	is.NoErr(err)
 
+	entries := func(group string) (n int) {
+		t.Helper()
+		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_ready WHERE group_id = $1`, group).Scan(&n))
+		return n
+	}
+	is.Equal(entries("g"), 0) // the claim took its entry
 	publish("g", "second", 1)
 	revived, ok := rowOf("g")
 	is.True(ok)
-	is.Equal(revived, row{Slot: first.Slot, Priority: 1, Drained: false, Free: true}) // the new first publish's priority, the mark gone
+	is.Equal(revived, row{Slot: first.Slot, Priority: 1, Drained: true, Free: true}) // the new first publish's priority, marked until leased
+	is.Equal(entries("g"), 1)                                                        // ready: its entry in the log
 	wctx, cancel := context.WithTimeout(ctx(t), 5*time.Second)
 	defer cancel()
 	_, err = l.WaitForNotification(wctx)
@@ -109,6 +117,19 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	is.Equal(g, "") // priority 1 now, below the floor
 	g, ev, seq = claim(0)
 	is.Equal(g+"/"+ev, "g/second")
+	leased, _ := rowOf("g")
+	is.True(!leased.Drained) // the lease cleared the mark
+	ack(g, seq)
+
+	// Published again at the priority it has: the row is not written.
+	var before, after string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT xmin::text FROM transport_groups WHERE group_id = 'g'`).Scan(&before))
+	publish("g", "again", 1)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT xmin::text FROM transport_groups WHERE group_id = 'g'`).Scan(&after))
+	is.Equal(after, before) // the same version of the row
+	is.Equal(entries("g"), 1)
+	g, ev, seq = claim(0)
+	is.Equal(g+"/"+ev, "g/again")
 	ack(g, seq)
 
 	// Published again through the Go client's call, which revives a
@@ -118,7 +139,8 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	rows.Close()
 	is.NoErr(rows.Err())
 	revived, _ = rowOf("g")
-	is.Equal(revived, row{Slot: first.Slot, Priority: 3, Drained: false, Free: true}) // the batch's first priority for g
+	is.Equal(revived, row{Slot: first.Slot, Priority: 3, Drained: true, Free: true}) // the batch's first priority for g
+	is.Equal(entries("g"), 1)                                                        // one entry for the batch
 	g, ev, seq = claim(3)
 	is.Equal(g+"/"+ev, "g/third")
 	ack(g, seq)
@@ -235,14 +257,10 @@ func TestSweepLocksNoEmptyKeptRow(t *testing.T) {
 	db := noClockBound(t, pgtest.New(t, 3))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	c := db.Conn(t)
+	drainAt1000(t, c, "kept")
 	var seq int64
-	_, err := c.Exec(ctx(t), `SELECT harel_publish('kept', 'e', 0)`)
-	is.NoErr(err)
-	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1000, 1060, 'w')`).Scan(&seq))
 	var ok bool
-	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('kept', $1, 'w', 1000)`, seq).Scan(&ok))
-	is.True(ok) // drained at 1000: the row is kept
-	_, err = c.Exec(ctx(t), `SELECT harel_publish('other', 'e', 0)`)
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('other', 'e', 0)`)
 	is.NoErr(err)
 
 	for _, exchange := range []bool{false, true} {
@@ -283,4 +301,105 @@ func TestSweepLocksNoEmptyKeptRow(t *testing.T) {
 		_, err = c.Exec(ctx(t), `UPDATE transport_groups SET locked_by = NULL, lock_expiry = NULL WHERE group_id = 'other'`)
 		is.NoErr(err) // and "other" free again, with its message
 	}
+}
+
+// TestPublishWaitsForNoDrainer: a publish to a drained group's kept row
+// reads the row and writes the group's ready-log entry, and does not wait
+// for a transaction that holds the row (a claim, an ack; "Kept rows" in
+// functions/30_claim.sql, harel_revive), through the Go client's call and
+// the design's two-INSERT publish alike; the message is handed out once
+// that transaction ends. (Until version 24 the publish updated the row,
+// and waited.)
+func TestPublishWaitsForNoDrainer(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	drainAt1000(t, c, "kept")
+	var seq int64
+	var ok bool
+	holder, err := db.Pool.Begin(ctx(t))
+	is.NoErr(err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	_, err = holder.Exec(ctx(t), `SELECT 1 FROM transport_groups WHERE group_id = 'kept' FOR NO KEY UPDATE`)
+	is.NoErr(err) // held, as a claim or an ack holds it
+
+	p := db.Conn(t)
+	_, err = p.Exec(ctx(t), `SET lock_timeout = '200ms'`)
+	is.NoErr(err)
+	_, err = p.Exec(ctx(t), `SELECT harel_publish('kept', 'one', 0)`)
+	is.NoErr(err) // no wait for the holder
+	tx, err := p.Begin(ctx(t))
+	is.NoErr(err)
+	_, err = tx.Exec(ctx(t), `INSERT INTO transport_messages (group_id, event) VALUES ('kept', 'two')`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+	                          VALUES ('kept', NULL, NULL, 0) ON CONFLICT (group_id) DO NOTHING`)
+	is.NoErr(err) // the design's publish does not wait either
+	is.NoErr(tx.Commit(ctx(t)))
+	var entries int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_ready WHERE group_id = 'kept'`).Scan(&entries))
+	is.Equal(entries, 2) // each publish saw the mark: an entry each
+	is.NoErr(holder.Commit(ctx(t)))
+
+	var group, event string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, seq, event FROM harel_claim(1001, 1061, 'w')`).Scan(&group, &seq, &event))
+	is.Equal(group+"/"+event, "kept/one") // handed out, in order
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('kept', $1, 'w', 1001)`, seq).Scan(&ok))
+	is.True(ok)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, seq, event FROM harel_claim(1002, 1062, 'w')`).Scan(&group, &seq, &event))
+	is.Equal(group+"/"+event, "kept/two")
+}
+
+// TestIdleStreamReapsInItsWait: a stream's exchange that leases nothing
+// leaves a kept row long drained where it is, and deletes no row it finds
+// empty, so that it holds no publisher's guard bucket; the stream's
+// harel_wait, a transaction of its own, reaps it (harel_reap in
+// functions/30_claim.sql, harel_wait in functions/80_wakeups.sql). A
+// plain claim that leases nothing still reaps.
+func TestIdleStreamReapsInItsWait(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	drain := func(group string) { t.Helper(); drainAt1000(t, c, group) }
+	rows := func() (n int) {
+		t.Helper()
+		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups`).Scan(&n))
+		return n
+	}
+	drain("a")
+	drain("b")
+	is.Equal(rows(), 2)
+	var n int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_exchange_leases(1010, 1070, 'x', 0, 8, '{}', '{}', '{}', '{}', true)`).Scan(&n))
+	is.Equal(n, 0)      // nothing to lease
+	is.Equal(rows(), 2) // and nothing reaped: 10 s after the drain, both kept
+	_, err := c.Exec(ctx(t), `SELECT harel_wait(NULL, 0, 60, 1010)`)
+	is.NoErr(err)
+	is.Equal(rows(), 0) // the stream's wait reaped them
+
+	drain("c")
+	_, err = c.Exec(ctx(t), `SELECT harel_wait(NULL, 1, 60, 1010)`)
+	is.NoErr(err)
+	is.Equal(rows(), 1) // a wait with a floor reaps nothing (as a claim with a floor)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_claim_leases(1010, 1070, 'x', 0, 8)`).Scan(&n))
+	is.Equal(n, 0)
+	is.Equal(rows(), 0) // a plain claim that leased nothing reaps
+}
+
+// drainAt1000 publishes one message to group (no other group claimable),
+// claims and acks it at 1000: the group drains, its row kept and marked.
+func drainAt1000(t *testing.T, c *pgx.Conn, group string) {
+	t.Helper()
+	is := is.New(t)
+	var seq int64
+	_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, group)
+	is.NoErr(err)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1000, 1060, 'w')`).Scan(&seq))
+	var ok bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w', 1000)`, group, seq).Scan(&ok))
+	is.True(ok) // drained at 1000: the row is kept
 }

@@ -230,7 +230,8 @@ func TestSweepFindsWhatTheLogMisses(t *testing.T) {
 // rests the sweeps ("Going round" in functions/30_claim.sql): until the
 // rest ends, a claim that found something in the log, and a stream's
 // exchange (p_rest), do not sweep, while a claim that found nothing still
-// does and hands out the groups whose leases lapsed.
+// does and hands out the groups whose leases lapsed; the rest is 9 times the
+// sweep's cost, 1 s at least and 2 s at most.
 func TestCostlySweepRests(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -284,6 +285,13 @@ func TestCostlySweepRests(t *testing.T) {
 	                               FROM harel_rest_rounds(1063, 10, floor(date_part('epoch', clock_timestamp()) * 1000 + 60000)::bigint) AS r`).Scan(&ahead))
 	is.True(ahead <= 2000)
 	is.True(ahead > 0)
+
+	// A sweep of 6 ms rests the sweeps 1 s, not 54 ms: a second at least
+	// (version 24).
+	is.NoErr(c.QueryRow(ctx(t), `SELECT r.rest - floor(date_part('epoch', clock_timestamp()) * 1000)::bigint
+	                               FROM harel_rest_rounds(1064, 6, 0) AS r`).Scan(&ahead))
+	is.True(ahead > 900)   // the floor
+	is.True(ahead <= 1000) // not more
 }
 
 // TestClaimWalksTheSlotsOnce: a claim of one whose sweep meets 2,000 kept

@@ -69,8 +69,8 @@ CREATE SEQUENCE transport_claim_reap_cursor AS INT MINVALUE 0 MAXVALUE 1048576 S
 -- ago: drained_at): who holds it, until when, and what a claim handed
 -- out. Claims, acks and extends rewrite a row in its columns that no
 -- index holds, so in place (HOT); a drained row is kept for the group's
--- next publish until a claim finds it still empty. (001, 005, 010, 011,
--- 012, 016, 017)
+-- next publish until a claim finds it still empty, and that publish
+-- leaves it unwritten. (001, 005, 010, 011, 012, 016, 017, 024)
 CREATE TABLE transport_groups (
     group_id      TEXT PRIMARY KEY,
     locked_by     TEXT,              -- the lease token while leased or parked by a nack;
@@ -85,8 +85,9 @@ CREATE TABLE transport_groups (
     state         BYTEA,             -- the group's exactly-once state; NULL: none (012)
     slot          INT NOT NULL DEFAULT nextval('transport_groups_slot'),  -- its place in the sweep, never rewritten (016)
     retry_at      DOUBLE PRECISION,  -- due before the sweep from then (a retry, a park, a give-back); NULL: not (016)
-    drained_at    DOUBLE PRECISION   -- when its last message was acked, the row kept for the next publish;
-                                     -- NULL: it has messages (a hint: claims read the head all the same) (017)
+    drained_at    DOUBLE PRECISION   -- when its last message was acked, the row kept for the next publish,
+                                     -- which leaves it (024); cleared by the next lease; NULL: not drained
+                                     -- since (a hint: claims read the head all the same) (017, 024)
 ) WITH (
     -- Small and hot: vacuumed after a fixed number of dead rows, not a
     -- fraction of a table that is mostly churn, and never throttled (005);

@@ -2,21 +2,23 @@
 -- readies a publish's groups: harel_ready_groups for these calls, and the
 -- trigger transport_groups_ready for the design's plain two-INSERT publish.
 
--- harel_revive revives the kept rows of drained groups among p_groups
+-- harel_revive readies the kept rows of drained groups among p_groups
 -- (see "Kept rows" in 30_claim.sql), p_priorities[i] being p_groups[i]'s
--- (a group named more than once takes its first): the row's priority
--- becomes the publish's, so the first publish after a drain sets it as
--- for a new group; the mark goes; idle consumers are woken as for a new
--- group (harel_wake_waiters; the statement trigger harel_wake sees only
--- rows inserted); the update clears the mark, so a trigger writes the
--- group's entry in the ready log (25_ready.sql). The slot stays, and the
--- update is HOT. (In versions 18 and 19, where rounds were costly, a row
--- behind the sweep's cursor got a new slot, the end of the round; the log
--- orders arrivals now.) Rows in group order. A row that another transaction is
--- writing (a claim that met it empty, another publisher reviving it) is
--- waited for, as an insert's conflict check would wait for it, and looked
--- at again: deleted, it is not revived (an insert creates the group
--- anew); revived, it is left as it is. Returns how many it revived.
+-- (a group named more than once takes its first), without writing them
+-- (version 24): an entry in the ready log for each that is not paused,
+-- with the publish's priority (25_ready.sql), and idle consumers woken as
+-- for a new group (harel_wake_waiters; the statement trigger harel_wake
+-- sees only rows inserted). The claim that takes the entry leases the
+-- row and clears its mark in its one write. The row is written only when
+-- its priority is not the publish's: the first publish after a drain sets
+-- it as for a new group. Rows and entries in group order. A row another
+-- transaction is writing (a claim, an ack) is read as it was, and not
+-- waited for: a publisher waits for no drainer. Where that ack marks the
+-- row drained after this read, not seeing the publish's message, the
+-- message is under a marked row with no entry, and the sweep finds it
+-- ("The sweep" in 30_claim.sql). (Until version 24 the revival cleared
+-- the mark, a third version of the row per message, and waited for the
+-- row's lock.) Returns how many it readied.
 CREATE OR REPLACE FUNCTION harel_revive(
     p_groups     TEXT[],
     p_priorities INT[])
@@ -28,23 +30,36 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    v_n      INT;
-    v_top    INT;
+    v_groups TEXT[];
+    v_prios  INT[];
+    v_moved  TEXT[];
 BEGIN
-    WITH revived AS (
+    SELECT array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
+           array_agg(u.p ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
+           array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE g.priority <> u.p)
+      INTO v_groups, v_prios, v_moved
+      FROM (SELECT DISTINCT ON (u.g) u.g, u.p
+              FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
+             ORDER BY u.g, u.i) AS u
+      JOIN transport_groups AS g ON g.group_id = u.g
+     WHERE g.drained_at IS NOT NULL;
+    IF v_moved IS NOT NULL THEN
+        -- A paused row too: its priority is the publish's when resumed.
         UPDATE transport_groups AS g
-           SET priority = u.p, drained_at = NULL
+           SET priority = u.p
           FROM (SELECT DISTINCT ON (u.g) u.g, u.p
                   FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
                  ORDER BY u.g, u.i) AS u
-         WHERE g.group_id = u.g AND g.drained_at IS NOT NULL
-        RETURNING g.priority
-    )
-    SELECT count(*), max(r.priority) INTO v_n, v_top FROM revived AS r;
-    IF v_n > 0 THEN
-        PERFORM harel_wake_waiters(v_top);
+         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL;
     END IF;
-    RETURN v_n;
+    IF v_groups IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_current_xact_id();  -- an id before the numbers ("The frontier" in 25_ready.sql)
+    INSERT INTO transport_ready (group_id, priority)
+    SELECT u.g, u.p FROM unnest(v_groups, v_prios) WITH ORDINALITY AS u(g, p, i) ORDER BY u.i;
+    PERFORM harel_wake_waiters((SELECT max(p) FROM unnest(v_prios) AS p));
+    RETURN cardinality(v_groups);
 END
 $$;
 

@@ -4,9 +4,11 @@
 --
 -- The ready log. A group row becomes claimable at once (free, not
 -- paused, not marked drained, not due later) when it is created by a
--- publish, freed by an ack or a settle with messages left, revived by the
--- publish after a drain, or resumed; each time, a trigger appends an entry
--- (transport_ready: its number, the group, its priority). The claims take
+-- publish, freed by an ack or a settle with messages left, or resumed;
+-- each time, a trigger appends an entry (transport_ready: its number, the
+-- group, its priority). A publish to a drained group's kept row appends
+-- the entry itself, the row unwritten (harel_revive, 20_publish.sql;
+-- since version 24). The claims take
 -- entries in number order (functions/30_claim.sql, "The ready log"), so
 -- groups are handed out in the order they became claimable, and a claim
 -- reads the entries it takes and the few dead ones just before them, not

@@ -51,7 +51,8 @@
 -- of that claim, epoch ms), or, where that sweep took 5 ms or more, it
 -- found something or is a stream's exchange (harel_exchange_leases with
 -- p_rest: a stream that finds nothing waits for a wake-up or its IdleSweep
--- and asks again) and the sweeps rest: 9 times what it took, at most 2 s
+-- and asks again) and the sweeps rest: 9 times what it took, 1 s at least
+-- and 2 s at most (version 24; until then no floor)
 -- (transport_claim_rest, epoch ms of the server's clock;
 -- harel_rest_rounds). Any other claim that has found nothing sweeps a
 -- whole lap if it must, so harel_claim and harel_claim_leases lease
@@ -80,25 +81,38 @@
 --
 -- Kept rows (version 17). The ack that drains a group frees its row in
 -- place and marks it (drained_at = lock_expiry = the ack's now), and the
--- group's next publish revives it (harel_ready_groups and the trigger
--- harel_ready_group, 20_publish.sql): a group that drains and comes back,
--- as a stream's kept leases make most groups do, costs no row insert and
--- delete; its revival writes its entry in the ready log. The mark is written without the
--- lost-publish guard (so that no publisher waits for a drainer), so it
--- can be wrong: a publish whose group insert came just before the mark,
--- its message still uncommitted when the ack looked, revived nothing and
--- leaves its message under a marked row. So the sweep looks for a message
--- under every marked row it meets (an index probe of transport_messages,
--- before the lock) and takes the row, and hands its head out, when it
--- finds one. It never locks an empty kept row: a publisher reviving one
--- waits for no claim (until version 22 the sweep took a marked row to
--- read its head, passed it for 2 s once found empty and then took it
--- again, and a stream's exchange could hold hundreds of them locked while
--- their publishers waited; TestSweepLocksNoEmptyKeptRow). harel_reap
--- deletes the kept rows still empty 2 s after their drain. So a group
--- that comes back within 2 s keeps its row for good, and one that does
--- not (a job of one message, say) costs a reap's delete where an ack used
--- to delete it.
+-- group's next publish readies it (harel_revive, called by
+-- harel_ready_groups and the trigger harel_ready_group, 20_publish.sql):
+-- a group that drains and comes back, as a stream's kept leases make most
+-- groups do, costs no row insert and delete. Since version 24 the publish
+-- does not write the row (unless its priority changes): it writes the
+-- group's entry in the ready log, and the claim that takes it leases the
+-- row and clears the mark in its one write, so a group that drains and
+-- comes back writes two versions of its row per message (the lease, the
+-- ack), not three; each version is one more for every lookup of the row
+-- to pass while a snapshot holds vacuum back. So a marked row may have
+-- messages, and every claim path reads a marked row's messages before it
+-- takes it. The mark is written without the lost-publish guard (so that
+-- no publisher waits for a drainer), and the publish reads the row
+-- without waiting for its lock, so either can be wrong: a publish whose
+-- group insert or read came just before the ack's mark, its message still
+-- uncommitted when the ack looked, wrote no entry and leaves its message
+-- under a marked row. So the sweep looks for a message under every marked
+-- row it meets (an index probe of transport_messages, before the lock) and
+-- takes the row, and hands its head out, when it finds one. The probes of
+-- the claim paths read the group's newest message first (a backward
+-- scan): a marked row with a message is one published since its drain,
+-- and its newest message is that publish's, so the probe reads one entry,
+-- where a forward scan first passes every message the group has had
+-- acked since vacuum last ran (under a held snapshot, all of them). It never
+-- locks an empty kept row: a publisher readying one waits for no claim
+-- (until version 22 the sweep took a marked row to read its head, passed
+-- it for 2 s once found empty and then took it again, and a stream's
+-- exchange could hold hundreds of them locked while their publishers
+-- waited; TestSweepLocksNoEmptyKeptRow). harel_reap deletes the kept rows
+-- still empty 2 s after their drain. So a group that comes back within
+-- 2 s keeps its row for good, and one that does not (a job of one
+-- message, say) costs a reap's delete where an ack used to delete it.
 
 -- Due groups first: a group held by no one that is due before the sweep
 -- (retry_at: a failed message's backoff or a snooze's delay that has
@@ -224,7 +238,10 @@ $$;
 -- round"): transport_claim_wrap becomes p_now in epoch ms (unless p_now is
 -- NULL: a sweep that stopped at its budget, not a whole lap), and, where
 -- the walk took 5 ms or more, transport_claim_rest 9
--- times that past the server's now, at most 2 s (never earlier than
+-- times that past the server's now, 1 s at least and 2 s at most (the
+-- floor since version 24: under a held snapshot a stream's budgeted
+-- sweeps, 10 ms each and resting 90 ms, took a tenth of a core and found
+-- nothing; never earlier than
 -- p_rest, the rest the claim read, unless that is more than 2 s ahead: a
 -- server clock stepped back). Returns the two.
 CREATE OR REPLACE FUNCTION harel_rest_rounds(
@@ -251,7 +268,7 @@ BEGIN
     IF p_ms >= 5 THEN
         rest := setval('transport_claim_rest',
                        GREATEST(CASE WHEN p_rest <= v_at + 2000 THEN p_rest ELSE 0 END,
-                                v_at + floor(LEAST(9 * p_ms, 2000))::BIGINT));
+                                v_at + floor(LEAST(GREATEST(9 * p_ms, 1000), 2000))::BIGINT));
     END IF;
 END
 $$;
@@ -260,14 +277,16 @@ $$;
 -- among the next p_slots slots from the reap's cursor
 -- (transport_claim_reap_cursor, round and round like the sweep's): it
 -- locks only rows it found empty, and deletes them after the guard's
--- try-lock and a re-check in a statement after it. A claim whose limit
+-- try-lock and a re-check in a statement after it, so the caller's
+-- transaction holds those rows' buckets until it ends. A claim whose limit
 -- the due groups and the log reached before it swept calls it with its
 -- limit, so that under a backlog of one-message groups, where claims
 -- never sweep, the rows their acks leave are reaped as fast as they come
 -- (a new group takes the next slot): bounded work for each claim. A claim
 -- that leased nothing calls it with its limit, 64 at least, so that an
 -- idle queue's kept rows go too (version 22; until then the sweep deleted
--- those it met). Each row it deletes holds its guard bucket (one of 1,024)
+-- those it met), but for a stream's exchange, which leaves it to the
+-- stream's harel_wait, a transaction of its own (version 24). Each row it deletes holds its guard bucket (one of 1,024)
 -- until the claim commits, and publishers of that bucket's groups wait:
 -- so few at a time (version 23; version 22 took 512 slots).
 CREATE OR REPLACE FUNCTION harel_reap(
@@ -439,7 +458,7 @@ BEGIN
                           FROM transport_groups AS c
                          WHERE c.group_id = ANY (v_rgroups)
                            AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                           AND (c.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id))
+                           AND (c.drained_at IS NULL OR (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = c.group_id ORDER BY m.seq DESC LIMIT 1) IS NOT NULL)
                            AND c.priority >= p_min_priority AND NOT c.paused
                            AND c.group_id <> ALL (v_skip)
                            AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
@@ -451,7 +470,7 @@ BEGIN
                                         WHERE g.group_id = r.group_id AND NOT g.paused
                                           AND (g.locked_by IS NULL OR g.lock_expiry < p_now)
                                           AND (g.drained_at IS NULL
-                                               OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id))));
+                                               OR (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = g.group_id ORDER BY m.seq DESC LIMIT 1) IS NOT NULL)));
             ELSE
                 v_rnext := GREATEST(v_front, v_rnext);
             END IF;
@@ -500,7 +519,7 @@ BEGIN
                           FROM transport_groups AS c
                          WHERE c.slot >= v_lo AND c.slot < v_hi
                            AND (c.locked_by IS NULL OR c.lock_expiry < p_now)
-                           AND (c.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id))
+                           AND (c.drained_at IS NULL OR (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = c.group_id ORDER BY m.seq DESC LIMIT 1) IS NOT NULL)
                            AND c.priority >= p_min_priority AND NOT c.paused
                            AND c.group_id <> ALL (v_skip)
                            AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
@@ -588,13 +607,17 @@ BEGIN
             -- is mid-transaction on (a publisher holds the group's lock,
             -- shared, from its message insert until it commits; see
             -- harel_hold_group), re-checked in a statement after the
-            -- try-lock; free and mark the rest (see "Kept rows").
+            -- try-lock; free and mark the rest (see "Kept rows"). A
+            -- stream's exchange (p_rest) deletes none, and leaves them to
+            -- the reap: a deleted row's bucket is held until the claim
+            -- commits, and under a held snapshot an exchange ran 100 ms
+            -- and more while a publisher waited on it (version 24).
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_groups AS g
-                                      WHERE g.group_id = e AND g.drained_at >= p_now - 2)
-                        THEN false  -- kept: found empty, not deleted
+             WHERE CASE WHEN p_rest OR EXISTS (SELECT 1 FROM transport_groups AS g
+                                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
+                        THEN false  -- kept: found empty, not deleted (a stream's exchange deletes none)
                         ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
@@ -628,7 +651,11 @@ BEGIN
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL)
                OR (p_rest AND cardinality(v_skip) >= 256);
     END LOOP;
-    IF p_min_priority <= 0 AND (v_filled OR v_leased = 0) THEN
+    -- The reap (harel_reap): not in a stream's exchange that leased
+    -- nothing, which may run for long under a held snapshot while the
+    -- buckets of the rows it reaped make their publishers wait; such a
+    -- stream reaps when it goes idle (harel_wait, version 24).
+    IF p_min_priority <= 0 AND (v_filled OR (v_leased = 0 AND NOT p_rest)) THEN
         PERFORM harel_reap(p_now, CASE WHEN v_filled THEN p_limit ELSE GREATEST(p_limit, 64) END);
     END IF;
 END

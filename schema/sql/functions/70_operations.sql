@@ -327,7 +327,7 @@ BEGIN
     -- Back at its slot: the sweep reaches it when the cursor comes round
     -- (see "The sweep" in 30_claim.sql).
     UPDATE transport_groups AS g
-       SET paused = false
+       SET paused = false, drained_at = NULL  -- claimable with a message: its entry (25_ready.sql)
      WHERE g.group_id = p_group;
     -- Drained while paused: the row goes now (as an ack's would have),
     -- through the lost-publish guard.

@@ -67,7 +67,11 @@ CREATE TRIGGER transport_groups_wake
 -- (a backoff, a nack's or snooze's delay) of a group at or above
 -- p_min_priority (NULL if none): when the consumer must look
 -- again even if no notification comes. It also clears rows of consumers
--- that stopped refreshing a minute ago.
+-- that stopped refreshing a minute ago, and, for a consumer of every
+-- priority, reaps 64 slots of kept rows (harel_reap, 30_claim.sql): a
+-- stream's exchange that leased nothing leaves the reap to it, so that
+-- the reaped rows' guard buckets are held for this short transaction
+-- only (version 24).
 CREATE OR REPLACE FUNCTION harel_wait(
     p_waiter       TEXT,
     p_min_priority INT,
@@ -90,6 +94,9 @@ BEGIN
         VALUES (p_waiter, p_min_priority, v_clock + p_ttl)
         ON CONFLICT (waiter) DO UPDATE
             SET min_priority = EXCLUDED.min_priority, until = EXCLUDED.until;
+    END IF;
+    IF p_min_priority <= 0 THEN
+        PERFORM harel_reap(p_now, 64);
     END IF;
     -- The first end after now of a timed park (a failed head's backoff,
     -- a nack's or snooze's delay: the due index; a stopped group, never

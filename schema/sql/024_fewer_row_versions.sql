@@ -1,0 +1,22 @@
+-- 024_fewer_row_versions.sql: no table changes. A sweep that took 5 ms
+-- or more and leased nothing rests the budgeted sweeps (those of claims
+-- that found something, and of streams' exchanges) for 9 times its cost,
+-- now 1 s at least and still 2 s at most (functions/30_claim.sql,
+-- harel_rest_rounds). Under a held snapshot a stream's exchanges swept
+-- 10 ms and rested 90 ms, a tenth of a core spent finding nothing.
+-- And a publish to a drained group's kept row no longer writes the row
+-- (unless its priority changes): it writes the group's ready-log entry
+-- itself, and the claim that takes it clears the drained mark in its
+-- lease (functions/20_publish.sql, harel_revive; "Kept rows" in
+-- functions/30_claim.sql), so a group that drains and comes back writes
+-- two versions of its row per message rather than three, and a publisher
+-- never waits for a claim or an ack that holds the row; the claims probe a
+-- marked row's messages newest first. A resume clears
+-- the mark (a paused kept row may have messages now).
+-- A stream's exchange (harel_exchange_leases with p_rest) that leased
+-- nothing no longer reaps, nor deletes a row it found empty: it frees and
+-- marks it, and the stream's harel_wait, a short transaction of its own,
+-- reaps 64 slots (functions/80_wakeups.sql), since a row deleted through
+-- the lost-publish guard holds its bucket until the deleting transaction
+-- ends, and under a held snapshot exchanges ran 100 ms and more while the
+-- publishers of those buckets waited.
