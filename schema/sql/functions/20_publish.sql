@@ -13,7 +13,8 @@
 -- its priority is not the publish's: the first publish after a drain sets
 -- it as for a new group. Rows and entries in group order. A row another
 -- transaction is writing (a claim, an ack) is read as it was, and not
--- waited for: a publisher waits for no drainer. Where that ack marks the
+-- waited for: a publisher waits for no drainer (unless it changes the
+-- row's priority: that update waits for the row, as any does). Where that ack marks the
 -- row drained after this read, not seeing the publish's message, the
 -- message is under a marked row with no entry, and the sweep finds it
 -- ("The sweep" in 30_claim.sql). (Until version 24 the revival cleared
