@@ -120,23 +120,26 @@ func (w *idleState) armedNow(now time.Time) bool {
 	return (w.armed || !w.notify) && fresh && ahead
 }
 
-// rowStands reports whether the waiter row, written at rowAt, stands
-// through any sleep that begins now (at most IdleSweep), with a second to
-// spare: then arming need not write it again, only ask for the next
-// expiry. (Under a held snapshot every write of the row leaves a version
-// that each publisher's waiters check passes until the snapshot ends; a
-// stream paced by its publisher wrote it about 15 times a second.)
+// rowStands reports whether the waiter row, written no earlier than
+// rowAt, stands through anything the stream may do on an arming done now
+// with a second to spare: it sleeps on it for up to IdleSweep while the
+// arming is fresh (armedNow), so until 2 IdleSweeps from now at most.
+// Then arming need not write the row again, only ask for the next expiry.
+// (Under a held snapshot every write of the row leaves a version that each
+// publisher's waiters check passes until the snapshot ends; a stream
+// paced by its publisher wrote it about 15 times a second.)
 func (w *idleState) rowStands(now time.Time) bool {
-	return w.notify && w.armed && now.Sub(w.rowAt) < w.ttl-w.sweep-time.Second
+	return w.notify && w.armed && now.Sub(w.rowAt) < w.ttl-2*w.sweep-time.Second
 }
 
-// rowWritten records the waiter row written at now (written false: found
-// standing, only the expiry asked for); in, if ok, is how long until the
-// earliest lease or park it saw runs out.
-func (w *idleState) rowWritten(now time.Time, written bool, in time.Duration, ok bool) {
+// rowWritten records the arming answered at now: the waiter row written
+// by a call that began at rowAt (zero: found standing, only the expiry
+// asked for); in, if ok, is how long until the earliest lease or park it
+// saw runs out.
+func (w *idleState) rowWritten(now, rowAt time.Time, in time.Duration, ok bool) {
 	w.armed, w.armedAt, w.notified = w.notify, now, false
-	if written {
-		w.rowAt = now
+	if !rowAt.IsZero() {
+		w.rowAt = rowAt
 	}
 	w.next = time.Time{}
 	if ok {

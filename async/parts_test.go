@@ -333,14 +333,14 @@ func TestIdleState(t *testing.T) {
 	t.Run("NotifiedEmptyClaimArmsAgain", func(t *testing.T) {
 		is := is.New(t)
 		w := idleState{phase: dry, notify: true, sweep: time.Minute}
-		w.rowWritten(now, true, 0, false) // armed, no lease seen
-		w.notifiedOf()                    // a new group, which came leased
+		w.rowWritten(now, now, 0, false) // armed, no lease seen
+		w.notifiedOf()                   // a new group, which came leased
 		is.Equal(w.phase, arming)
 		is.True(w.armedNow(now)) // the row stands: this claim goes without a write
 		w.landed(trip{limit: 4}, false)
-		is.Equal(w.phase, arming)                            // nothing to claim: not dry yet
-		is.True(!w.armedNow(now))                            // armed again (the expiry asked for), to learn the new lease's end
-		w.rowWritten(now, false, 100*time.Millisecond, true) // asked again; the row stands
+		is.Equal(w.phase, arming)                                  // nothing to claim: not dry yet
+		is.True(!w.armedNow(now))                                  // armed again (the expiry asked for), to learn the new lease's end
+		w.rowWritten(now, time.Time{}, 100*time.Millisecond, true) // asked again; the row stands
 		w.landed(trip{limit: 4}, false)
 		is.Equal(w.phase, dry) // then it sleeps
 		is.True(w.looked)
@@ -397,18 +397,18 @@ func TestIdleState(t *testing.T) {
 		is.True(!w.arms(0))            // nothing to claim: no arming
 		is.True(!w.armedNow(now))      // no row yet
 		w.ttl = 7 * time.Second
-		w.rowWritten(now, true, time.Minute, true)
+		w.rowWritten(now, now, time.Minute, true)
 		is.True(w.armedNow(now))                   // written now
 		is.True(!w.armedNow(now.Add(time.Second))) // older than IdleSweep
 		is.Equal(w.next, now.Add(time.Minute))     // the earliest expiry it saw
 		// A row that stands through the next sleep is not written again:
 		// arming only asks for the expiry (written false), which leaves
 		// the row's time as it was.
-		is.True(w.rowStands(now.Add(4 * time.Second)))  // 7 s TTL: stands through a 1 s sleep, a second to spare
-		is.True(!w.rowStands(now.Add(5 * time.Second))) // would lapse within a second of that sleep's end
-		w.rowWritten(now.Add(2*time.Second), false, 0, false)
+		is.True(w.rowStands(now.Add(3900 * time.Millisecond))) // 7 s TTL: stands through 2 s of arming and sleep, a second to spare
+		is.True(!w.rowStands(now.Add(4 * time.Second)))        // would lapse within a second of that
+		w.rowWritten(now.Add(2*time.Second), time.Time{}, 0, false)
 		is.True(w.armedNow(now.Add(2 * time.Second)))   // armed again
-		is.True(!w.rowStands(now.Add(5 * time.Second))) // but the row is as old as before
+		is.True(!w.rowStands(now.Add(4 * time.Second))) // but the row is as old as before
 		w.armed = false                                 // withdrawn (Unwait)
 		is.True(!w.rowStands(now))                      // must be written
 		first := p.Ticket()

@@ -417,9 +417,9 @@ func (s *stream) landed(ctx context.Context, w *idleState, t trip, retry *backof
 // ticket.
 func (s *stream) arm(ctx context.Context, w *idleState) error {
 	if now := time.Now(); !w.armedNow(now) {
-		waiter := s.waiterName()
+		waiter, rowAt := s.waiterName(), now // the row's until counts from the call's start, or later
 		if w.rowStands(now) {
-			waiter = ""
+			waiter, rowAt = "", time.Time{}
 		}
 		// Not cut short by ctx: a Close that cancelled it mid-flight could
 		// see its Unwait (in finish) run before this row commits, and leave
@@ -430,7 +430,7 @@ func (s *stream) arm(ctx context.Context, w *idleState) error {
 		if err != nil {
 			return err
 		}
-		w.rowWritten(time.Now(), waiter != "", d, ok)
+		w.rowWritten(time.Now(), rowAt, d, ok)
 	}
 	w.retick(s.p.parking.Ticket(), time.Now())
 	return nil

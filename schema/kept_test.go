@@ -2,10 +2,12 @@ package schema_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/matryer/is"
 
 	"github.com/pgtransport/pgtransport/internal/testkit/pgtest"
@@ -113,6 +115,9 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	_, err = l.WaitForNotification(wctx)
 	is.NoErr(err) // woken, as for a new group
 
+	publish("g", "second-b", 4) // not the first since the drain
+	r, _ := rowOf("g")
+	is.Equal(r.Priority, 1) // the first publish's priority stays
 	g, _, _ = claim(2)
 	is.Equal(g, "") // priority 1 now, below the floor
 	g, ev, seq = claim(0)
@@ -120,27 +125,32 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	leased, _ := rowOf("g")
 	is.True(!leased.Drained) // the lease cleared the mark
 	ack(g, seq)
+	g, ev, seq = claim(0)
+	is.Equal(g+"/"+ev, "g/second-b")
+	ack(g, seq)
 
 	// Published again at the priority it has: the row is not written.
 	var before, after string
 	is.NoErr(c.QueryRow(ctx(t), `SELECT xmin::text FROM transport_groups WHERE group_id = 'g'`).Scan(&before))
+	n := entries("g") // a stale one may be left (the free with second-b left wrote one)
 	publish("g", "again", 1)
 	is.NoErr(c.QueryRow(ctx(t), `SELECT xmin::text FROM transport_groups WHERE group_id = 'g'`).Scan(&after))
-	is.Equal(after, before) // the same version of the row
-	is.Equal(entries("g"), 1)
+	is.Equal(after, before)     // the same version of the row
+	is.Equal(entries("g"), n+1) // and one entry more
 	g, ev, seq = claim(0)
 	is.Equal(g+"/"+ev, "g/again")
 	ack(g, seq)
 
 	// Published again through the Go client's call, which revives a
 	// batch in one statement.
+	n = entries("g")
 	rows, err := c.Query(ctx(t), `SELECT harel_publish_many('{g,g}', '{third,fourth}', '{3,0}')`)
 	is.NoErr(err)
 	rows.Close()
 	is.NoErr(rows.Err())
 	revived, _ = rowOf("g")
 	is.Equal(revived, row{Slot: first.Slot, Priority: 3, Drained: true, Free: true}) // the batch's first priority for g
-	is.Equal(entries("g"), 1)                                                        // one entry for the batch
+	is.Equal(entries("g"), n+1)                                                      // one entry for the batch
 	g, ev, seq = claim(3)
 	is.Equal(g+"/"+ev, "g/third")
 	ack(g, seq)
@@ -174,7 +184,7 @@ func TestDrainedRowIsKeptAndRevived(t *testing.T) {
 	is.NoErr(err)
 	g, ev, _ = claim(0)
 	is.Equal(g+"/"+ev, "h/2")
-	r, _ := rowOf("h")
+	r, _ = rowOf("h")
 	is.True(!r.Drained) // the lease cleared the mark
 }
 
@@ -402,4 +412,69 @@ func drainAt1000(t *testing.T, c *pgx.Conn, group string) {
 	var ok bool
 	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w', 1000)`, group, seq).Scan(&ok))
 	is.True(ok) // drained at 1000: the row is kept
+}
+
+// TestRepeatableReadPublishMeetsTheReap: the design's two-INSERT publish in
+// a repeatable-read transaction whose snapshot predates a reap of the
+// group's kept row either fails to serialize (40001, retry it) or leaves
+// its message under a row: never a message with no group row (harel_revive
+// in functions/20_publish.sql reads the kept row FOR KEY SHARE).
+func TestRepeatableReadPublishMeetsTheReap(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	drainAt1000(t, c, "kept")
+
+	p := db.Conn(t)
+	tx, err := p.BeginTx(ctx(t), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	is.NoErr(err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx(t), `SELECT count(*) FROM transport_groups`)
+	is.NoErr(err) // the snapshot: the kept row is there
+	_, err = c.Exec(ctx(t), `SELECT harel_wait(NULL, 0, 60, 1010)`)
+	is.NoErr(err) // an idle stream's wait reaps the row, and commits
+	var rows int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups`).Scan(&rows))
+	is.Equal(rows, 0) // reaped
+
+	_, err = tx.Exec(ctx(t), `INSERT INTO transport_messages (group_id, event) VALUES ('kept', 'late')`)
+	is.NoErr(err)
+	_, err = tx.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, priority)
+	                          VALUES ('kept', NULL, NULL, 0) ON CONFLICT (group_id) DO NOTHING`)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		is.True(errors.As(err, &pgErr))
+		is.Equal(pgErr.Code, "40001") // could not serialize: nothing published
+		is.NoErr(tx.Rollback(ctx(t)))
+		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&rows))
+		is.Equal(rows, 0)
+		return
+	}
+	is.NoErr(tx.Commit(ctx(t)))
+	var group, event string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, event FROM harel_claim(1011, 1071, 'w')`).Scan(&group, &event))
+	is.Equal(group+"/"+event, "kept/late") // under a row, and handed out
+}
+
+// TestStreamDeletesAnEmptyRowWithAState: a stream's exchange deletes no
+// empty row it meets but one that carries a state, which no reap takes
+// (its ack's delete met a publisher), so that the policy's state_retention
+// applies to it ("Kept rows" in functions/30_claim.sql).
+func TestStreamDeletesAnEmptyRowWithAState(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	_, err := c.Exec(ctx(t), `INSERT INTO transport_groups (group_id, locked_by, lock_expiry, state) VALUES ('s', NULL, 1000, 'x')`)
+	is.NoErr(err) // free, unmarked, no message, a state: as an ack leaves it when a publisher held the guard
+	_, err = c.Exec(ctx(t), `SELECT setval('transport_claim_cursor', 0), setval('transport_claim_wrap', 0), setval('transport_claim_rest', 0)`)
+	is.NoErr(err) // no rest recorded: the exchange sweeps
+	var n int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM harel_exchange_leases(1010, 1070, 'x', 0, 8, '{}', '{}', '{}', '{}', true)`).Scan(&n))
+	is.Equal(n, 0) // nothing to hand out
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups WHERE group_id = 's'`).Scan(&n))
+	is.Equal(n, 0) // deleted
 }

@@ -5,7 +5,8 @@
 -- harel_rest_rounds). Under a held snapshot a stream's exchanges swept
 -- 10 ms and rested 90 ms, a tenth of a core spent finding nothing.
 -- And a publish to a drained group's kept row no longer writes the row
--- (unless its priority changes): it writes the group's ready-log entry
+-- (unless it is the first since the drain and its priority differs; it
+-- locks it FOR KEY SHARE, which only a deleter's lock conflicts with): it writes the group's ready-log entry
 -- itself, and the claim that takes it clears the drained mark in its
 -- lease (functions/20_publish.sql, harel_revive; "Kept rows" in
 -- functions/30_claim.sql), so a group that drains and comes back writes
@@ -14,8 +15,8 @@
 -- marked row's messages newest first. A resume clears
 -- the mark (a paused kept row may have messages now).
 -- A stream's exchange (harel_exchange_leases with p_rest) that leased
--- nothing no longer reaps, nor deletes a row it found empty: it frees and
--- marks it, and the stream's harel_wait, a short transaction of its own,
+-- nothing no longer reaps, and it deletes no row it found empty but one
+-- with a state (which no reap takes): it frees and marks the others, and the stream's harel_wait, a short transaction of its own,
 -- reaps 64 slots (functions/80_wakeups.sql), since a row deleted through
 -- the lost-publish guard holds its bucket until the deleting transaction
 -- ends, and under a held snapshot exchanges ran 100 ms and more while the

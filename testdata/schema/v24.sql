@@ -663,7 +663,8 @@ SELECT g.group_id, g.priority
 -- harel_rest_rounds). Under a held snapshot a stream's exchanges swept
 -- 10 ms and rested 90 ms, a tenth of a core spent finding nothing.
 -- And a publish to a drained group's kept row no longer writes the row
--- (unless its priority changes): it writes the group's ready-log entry
+-- (unless it is the first since the drain and its priority differs; it
+-- locks it FOR KEY SHARE, which only a deleter's lock conflicts with): it writes the group's ready-log entry
 -- itself, and the claim that takes it clears the drained mark in its
 -- lease (functions/20_publish.sql, harel_revive; "Kept rows" in
 -- functions/30_claim.sql), so a group that drains and comes back writes
@@ -672,8 +673,8 @@ SELECT g.group_id, g.priority
 -- marked row's messages newest first. A resume clears
 -- the mark (a paused kept row may have messages now).
 -- A stream's exchange (harel_exchange_leases with p_rest) that leased
--- nothing no longer reaps, nor deletes a row it found empty: it frees and
--- marks it, and the stream's harel_wait, a short transaction of its own,
+-- nothing no longer reaps, and it deletes no row it found empty but one
+-- with a state (which no reap takes): it frees and marks the others, and the stream's harel_wait, a short transaction of its own,
 -- reaps 64 slots (functions/80_wakeups.sql), since a row deleted through
 -- the lost-publish guard holds its bucket until the deleting transaction
 -- ends, and under a held snapshot exchanges ran 100 ms and more while the
@@ -1027,11 +1028,13 @@ $$;
 -- for a new group (harel_wake_waiters; the statement trigger harel_wake
 -- sees only rows inserted). The claim that takes the entry leases the
 -- row and clears its mark in its one write. The row is written only when
--- its priority is not the publish's: the first publish after a drain sets
--- it as for a new group. Rows and entries in group order. A row another
+-- its priority is not the publish's and this is the first publish since
+-- the drain: the first publish after a drain sets it as for a new group. Rows and entries in group order. A row another
 -- transaction is writing (a claim, an ack) is read as it was, and not
 -- waited for: a publisher waits for no drainer (unless it changes the
--- row's priority: that update waits for the row, as any does). Where that ack marks the
+-- row's priority: that update waits for the row, as any does); it takes
+-- the row FOR KEY SHARE, which a deleter's lock conflicts with and a
+-- claim's or an ack's does not. Where that ack marks the
 -- row drained after this read, not seeing the publish's message, the
 -- message is under a marked row with no entry, and the sweep finds it
 -- ("The sweep" in 30_claim.sql). (Until version 24 the revival cleared
@@ -1052,23 +1055,36 @@ DECLARE
     v_prios  INT[];
     v_moved  TEXT[];
 BEGIN
-    SELECT array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
-           array_agg(u.p ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
-           array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE g.priority <> u.p)
+    -- FOR KEY SHARE: no wait for a claim or an ack (FOR NO KEY UPDATE),
+    -- but a row deleted since this transaction's snapshot is not read as
+    -- there (read committed: skipped once the delete commits; repeatable
+    -- read: a serialization failure, as an insert's conflict would be),
+    -- so that no publish is left under a row that is gone.
+    SELECT array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.p ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p)
       INTO v_groups, v_prios, v_moved
-      FROM (SELECT DISTINCT ON (u.g) u.g, u.p
-              FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
-             ORDER BY u.g, u.i) AS u
-      JOIN transport_groups AS g ON g.group_id = u.g
-     WHERE g.drained_at IS NOT NULL;
+      FROM (SELECT g.group_id, g.paused, g.priority, u.p
+              FROM (SELECT DISTINCT ON (u.g) u.g, u.p
+                      FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
+                     ORDER BY u.g, u.i) AS u
+              JOIN transport_groups AS g ON g.group_id = u.g
+             WHERE g.drained_at IS NOT NULL
+             ORDER BY g.group_id
+               FOR KEY SHARE OF g) AS k;
     IF v_moved IS NOT NULL THEN
-        -- A paused row too: its priority is the publish's when resumed.
+        -- The first publish since the drain sets the priority: where no
+        -- message of the group is there but this publish's (the newest
+        -- first, so only this rare case reads past them). A paused row
+        -- too: its priority is the publish's when resumed.
         UPDATE transport_groups AS g
            SET priority = u.p
-          FROM (SELECT DISTINCT ON (u.g) u.g, u.p
+          FROM (SELECT DISTINCT ON (u.g) u.g, u.p, count(*) OVER (PARTITION BY u.g) AS n
                   FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
                  ORDER BY u.g, u.i) AS u
-         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL;
+         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL
+           AND (SELECT count(*) FROM (SELECT 1 FROM transport_messages AS m WHERE m.group_id = u.g
+                                        ORDER BY m.seq DESC LIMIT u.n + 1) AS x) <= u.n;
     END IF;
     IF v_groups IS NULL THEN
         RETURN 0;
@@ -1988,16 +2004,17 @@ BEGIN
             -- shared, from its message insert until it commits; see
             -- harel_hold_group), re-checked in a statement after the
             -- try-lock; free and mark the rest (see "Kept rows"). A
-            -- stream's exchange (p_rest) deletes none, and leaves them to
-            -- the reap: a deleted row's bucket is held until the claim
-            -- commits, and under a held snapshot an exchange ran 100 ms
-            -- and more while a publisher waited on it (version 24).
+            -- stream's exchange (p_rest) leaves them to the reap, but for
+            -- a row with a state, which no reap takes (its ack's delete
+            -- met a publisher): a deleted row's bucket is held until the
+            -- claim commits, and under a held snapshot an exchange ran
+            -- 100 ms and more while a publisher waited on it (version 24).
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE CASE WHEN p_rest OR EXISTS (SELECT 1 FROM transport_groups AS g
-                                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
-                        THEN false  -- kept: found empty, not deleted (a stream's exchange deletes none)
+             WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_groups AS g
+                                      WHERE g.group_id = e AND (g.drained_at >= p_now - 2 OR (p_rest AND g.state IS NULL)))
+                        THEN false  -- kept: found empty, not deleted (a stream's exchange deletes only a row with a state)
                         ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
@@ -3728,7 +3745,9 @@ BEGIN
                         count(*) FILTER (WHERE s.st = 'parked' AND NOT s.kept) AS parked,
                         count(*) FILTER (WHERE s.st = 'stopped' AND NOT s.kept) AS stopped
                    FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st,
-                                g.drained_at IS NOT NULL AS kept
+                                g.drained_at IS NOT NULL
+                                AND (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = g.group_id
+                                      ORDER BY m.seq DESC LIMIT 1) IS NULL AS kept  -- marked, and no message since (version 24)
                            FROM transport_groups AS g TABLESAMPLE SYSTEM (v_pct)) AS s
                   GROUP BY 1) AS x ON x.priority = p.p;
     IF NOT v_gexact THEN

@@ -10,11 +10,13 @@
 -- for a new group (harel_wake_waiters; the statement trigger harel_wake
 -- sees only rows inserted). The claim that takes the entry leases the
 -- row and clears its mark in its one write. The row is written only when
--- its priority is not the publish's: the first publish after a drain sets
--- it as for a new group. Rows and entries in group order. A row another
+-- its priority is not the publish's and this is the first publish since
+-- the drain: the first publish after a drain sets it as for a new group. Rows and entries in group order. A row another
 -- transaction is writing (a claim, an ack) is read as it was, and not
 -- waited for: a publisher waits for no drainer (unless it changes the
--- row's priority: that update waits for the row, as any does). Where that ack marks the
+-- row's priority: that update waits for the row, as any does); it takes
+-- the row FOR KEY SHARE, which a deleter's lock conflicts with and a
+-- claim's or an ack's does not. Where that ack marks the
 -- row drained after this read, not seeing the publish's message, the
 -- message is under a marked row with no entry, and the sweep finds it
 -- ("The sweep" in 30_claim.sql). (Until version 24 the revival cleared
@@ -35,23 +37,36 @@ DECLARE
     v_prios  INT[];
     v_moved  TEXT[];
 BEGIN
-    SELECT array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
-           array_agg(u.p ORDER BY g.group_id) FILTER (WHERE NOT g.paused),
-           array_agg(g.group_id ORDER BY g.group_id) FILTER (WHERE g.priority <> u.p)
+    -- FOR KEY SHARE: no wait for a claim or an ack (FOR NO KEY UPDATE),
+    -- but a row deleted since this transaction's snapshot is not read as
+    -- there (read committed: skipped once the delete commits; repeatable
+    -- read: a serialization failure, as an insert's conflict would be),
+    -- so that no publish is left under a row that is gone.
+    SELECT array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.p ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p)
       INTO v_groups, v_prios, v_moved
-      FROM (SELECT DISTINCT ON (u.g) u.g, u.p
-              FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
-             ORDER BY u.g, u.i) AS u
-      JOIN transport_groups AS g ON g.group_id = u.g
-     WHERE g.drained_at IS NOT NULL;
+      FROM (SELECT g.group_id, g.paused, g.priority, u.p
+              FROM (SELECT DISTINCT ON (u.g) u.g, u.p
+                      FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
+                     ORDER BY u.g, u.i) AS u
+              JOIN transport_groups AS g ON g.group_id = u.g
+             WHERE g.drained_at IS NOT NULL
+             ORDER BY g.group_id
+               FOR KEY SHARE OF g) AS k;
     IF v_moved IS NOT NULL THEN
-        -- A paused row too: its priority is the publish's when resumed.
+        -- The first publish since the drain sets the priority: where no
+        -- message of the group is there but this publish's (the newest
+        -- first, so only this rare case reads past them). A paused row
+        -- too: its priority is the publish's when resumed.
         UPDATE transport_groups AS g
            SET priority = u.p
-          FROM (SELECT DISTINCT ON (u.g) u.g, u.p
+          FROM (SELECT DISTINCT ON (u.g) u.g, u.p, count(*) OVER (PARTITION BY u.g) AS n
                   FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
                  ORDER BY u.g, u.i) AS u
-         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL;
+         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL
+           AND (SELECT count(*) FROM (SELECT 1 FROM transport_messages AS m WHERE m.group_id = u.g
+                                        ORDER BY m.seq DESC LIMIT u.n + 1) AS x) <= u.n;
     END IF;
     IF v_groups IS NULL THEN
         RETURN 0;

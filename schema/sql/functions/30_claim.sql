@@ -608,16 +608,17 @@ BEGIN
             -- shared, from its message insert until it commits; see
             -- harel_hold_group), re-checked in a statement after the
             -- try-lock; free and mark the rest (see "Kept rows"). A
-            -- stream's exchange (p_rest) deletes none, and leaves them to
-            -- the reap: a deleted row's bucket is held until the claim
-            -- commits, and under a held snapshot an exchange ran 100 ms
-            -- and more while a publisher waited on it (version 24).
+            -- stream's exchange (p_rest) leaves them to the reap, but for
+            -- a row with a state, which no reap takes (its ack's delete
+            -- met a publisher): a deleted row's bucket is held until the
+            -- claim commits, and under a held snapshot an exchange ran
+            -- 100 ms and more while a publisher waited on it (version 24).
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
-             WHERE CASE WHEN p_rest OR EXISTS (SELECT 1 FROM transport_groups AS g
-                                                WHERE g.group_id = e AND g.drained_at >= p_now - 2)
-                        THEN false  -- kept: found empty, not deleted (a stream's exchange deletes none)
+             WHERE CASE WHEN EXISTS (SELECT 1 FROM transport_groups AS g
+                                      WHERE g.group_id = e AND (g.drained_at >= p_now - 2 OR (p_rest AND g.state IS NULL)))
+                        THEN false  -- kept: found empty, not deleted (a stream's exchange deletes only a row with a state)
                         ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
             WITH deleted AS (
                 DELETE FROM transport_groups AS g

@@ -553,7 +553,9 @@ BEGIN
                         count(*) FILTER (WHERE s.st = 'parked' AND NOT s.kept) AS parked,
                         count(*) FILTER (WHERE s.st = 'stopped' AND NOT s.kept) AS stopped
                    FROM (SELECT g.priority, harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) AS st,
-                                g.drained_at IS NOT NULL AS kept
+                                g.drained_at IS NOT NULL
+                                AND (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = g.group_id
+                                      ORDER BY m.seq DESC LIMIT 1) IS NULL AS kept  -- marked, and no message since (version 24)
                            FROM transport_groups AS g TABLESAMPLE SYSTEM (v_pct)) AS s
                   GROUP BY 1) AS x ON x.priority = p.p;
     IF NOT v_gexact THEN
