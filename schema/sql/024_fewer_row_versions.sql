@@ -6,7 +6,8 @@
 -- 10 ms and rested 90 ms, a tenth of a core spent finding nothing.
 -- And a publish to a drained group's kept row no longer writes the row
 -- (unless it is the first since the drain and its priority differs; it
--- locks it FOR KEY SHARE, which only a deleter's lock conflicts with): it writes the group's ready-log entry
+-- under repeatable read locks it FOR KEY SHARE, which only a deleter's
+-- lock conflicts with): it writes the group's ready-log entry
 -- itself, and the claim that takes it clears the drained mark in its
 -- lease (functions/20_publish.sql, harel_revive; "Kept rows" in
 -- functions/30_claim.sql), so a group that drains and comes back writes
