@@ -11,8 +11,9 @@
 -- sees only rows inserted). The claim that takes the entry leases the
 -- row and clears its mark in its one write. The row is written only when
 -- its priority is not the publish's and this is the first publish since
--- the drain: the first publish after a drain sets it as for a new group. Rows and entries in group order. A row another
--- transaction is writing (a claim, an ack) is read as it was, and not
+-- the drain: the first publish after a drain sets it as for a new
+-- group. Rows and entries in group order. A row another transaction is
+-- writing (a claim, an ack) is read as it was, and not
 -- waited for: a publisher waits for no drainer (unless it changes the
 -- row's priority: that update waits for the row, as any does); under
 -- repeatable read it takes the row FOR KEY SHARE, which a deleter's lock
@@ -33,45 +34,43 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    v_groups TEXT[];
-    v_prios  INT[];
-    v_moved  TEXT[];
+    v_groups  TEXT[];    -- the kept rows to ready (not paused)
+    v_prios   INT[];     -- and the publish's priority of each
+    v_moved   TEXT[];    -- the kept rows whose priority is not the publish's
+    v_mprios  INT[];
+    v_mcounts BIGINT[];  -- and how many of the batch's messages are theirs
+    v_kept    TEXT[];    -- every kept row named
 BEGIN
+    SELECT array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.p ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
+           array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p),
+           array_agg(k.p ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p),
+           array_agg(k.n ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p),
+           array_agg(k.group_id ORDER BY k.group_id)
+      INTO v_groups, v_prios, v_moved, v_mprios, v_mcounts, v_kept
+      FROM (SELECT g.group_id, g.paused, g.priority, u.p, u.n
+              FROM (SELECT DISTINCT ON (u.g) u.g, u.p, count(*) OVER (PARTITION BY u.g) AS n
+                      FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
+                     ORDER BY u.g, u.i) AS u
+              JOIN transport_groups AS g ON g.group_id = u.g
+             WHERE g.drained_at IS NOT NULL) AS k;
     -- Read committed (every Go call, and the design's publish as most
-    -- clients run it): a plain read. The message insert, before this,
-    -- waited for any drainer that held the group's bucket, and this
-    -- statement's snapshot, taken after, sees its delete. Under repeatable
-    -- read or serializable the transaction's snapshot may predate such a
-    -- delete: there the row is read FOR KEY SHARE, which a deleter's lock
-    -- conflicts with (a serialization failure, as an insert's conflict
-    -- would be) and a claim's or an ack's (FOR NO KEY UPDATE) does not, so
-    -- that no publish is left under a row that is gone. (Taken by every
-    -- publish, the lock cost 200-250 us more server CPU a message in the
-    -- first 7 minutes of a held-snapshot run at 1,000 msgs/s.)
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        SELECT array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
-               array_agg(k.p ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
-               array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p)
-          INTO v_groups, v_prios, v_moved
-          FROM (SELECT g.group_id, g.paused, g.priority, u.p
-                  FROM (SELECT DISTINCT ON (u.g) u.g, u.p
-                          FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
-                         ORDER BY u.g, u.i) AS u
-                  JOIN transport_groups AS g ON g.group_id = u.g
-                 WHERE g.drained_at IS NOT NULL) AS k;
-    ELSE
-        SELECT array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
-               array_agg(k.p ORDER BY k.group_id) FILTER (WHERE NOT k.paused),
-               array_agg(k.group_id ORDER BY k.group_id) FILTER (WHERE k.priority <> k.p)
-          INTO v_groups, v_prios, v_moved
-          FROM (SELECT g.group_id, g.paused, g.priority, u.p
-                  FROM (SELECT DISTINCT ON (u.g) u.g, u.p
-                          FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
-                         ORDER BY u.g, u.i) AS u
-                  JOIN transport_groups AS g ON g.group_id = u.g
-                 WHERE g.drained_at IS NOT NULL
-                 ORDER BY g.group_id
-                   FOR KEY SHARE OF g) AS k;
+    -- clients run it): the plain read above is enough. The message
+    -- insert, before it, waited for any drainer that held the group's
+    -- bucket, and its snapshot, taken after, sees that delete. Under
+    -- repeatable read or serializable the transaction's snapshot may
+    -- predate such a delete: there the rows are locked FOR KEY SHARE,
+    -- which a deleter's lock conflicts with (a serialization failure, as
+    -- an insert's conflict would be) and a claim's or an ack's (FOR NO KEY
+    -- UPDATE) does not, so that no publish is left under a row that is
+    -- gone. (Taken by every publish, the lock cost 200-250 us more server
+    -- CPU a message in the first 7 minutes of a held-snapshot run at
+    -- 1,000 msgs/s.)
+    IF v_kept IS NOT NULL AND current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM 1 FROM transport_groups AS g
+          WHERE g.group_id = ANY (v_kept)
+          ORDER BY g.group_id
+            FOR KEY SHARE;
     END IF;
     IF v_moved IS NOT NULL THEN
         -- The first publish since the drain sets the priority: where no
@@ -80,10 +79,8 @@ BEGIN
         -- too: its priority is the publish's when resumed.
         UPDATE transport_groups AS g
            SET priority = u.p
-          FROM (SELECT DISTINCT ON (u.g) u.g, u.p, count(*) OVER (PARTITION BY u.g) AS n
-                  FROM unnest(p_groups, p_priorities) WITH ORDINALITY AS u(g, p, i)
-                 ORDER BY u.g, u.i) AS u
-         WHERE g.group_id = u.g AND g.group_id = ANY (v_moved) AND g.drained_at IS NOT NULL
+          FROM unnest(v_moved, v_mprios, v_mcounts) AS u(g, p, n)
+         WHERE g.group_id = u.g AND g.drained_at IS NOT NULL
            AND (SELECT count(*) FROM (SELECT 1 FROM transport_messages AS m WHERE m.group_id = u.g
                                         ORDER BY m.seq DESC LIMIT u.n + 1) AS x) <= u.n;
     END IF;
