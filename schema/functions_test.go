@@ -28,11 +28,29 @@ var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_g
 // row.
 var lockOnly = []string{"harel_hold_group", "harel_home"}
 
-// orderedWalks are the functions that also turn bitmap scans off
-// (enable_bitmapscan): their walks are ordered scans that stop at a limit,
-// which a bitmap scan reads to the end of its range and sorts (harel_sweep;
-// TestClaimWalksTheSlotsOnce).
-var orderedWalks = []string{"harel_sweep"}
+// messagePath are the functions files whose functions also turn bitmap
+// scans and merge joins off (see "The message path" and "Plans that probe"
+// in functions/10_guard.sql; TestClaimWalksTheSlotsOnce,
+// TestPlansProbeAnEmptyLookingQueue).
+var messagePath = []string{"20_publish.sql", "25_ready.sql", "30_claim.sql", "40_ack.sql", "50_fail.sql",
+	"55_keyed_publish.sql", "60_nack_extend.sql", "75_state.sql", "80_wakeups.sql"}
+
+// fileOf maps each function to the functions file that defines it, read
+// from the files' first lines ("-- NN_name.sql: ...") in schema.Functions.
+func fileOf() map[string]string {
+	files := map[string]string{}
+	file := ""
+	for _, l := range strings.Split(schema.Functions(), "\n") {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(l, "-- "), ": "); ok && strings.HasPrefix(l, "-- ") && strings.HasSuffix(name, ".sql") && !strings.Contains(name, " ") {
+			file = name
+		}
+		if fn, ok := strings.CutPrefix(l, "CREATE OR REPLACE FUNCTION "); ok {
+			fn, _, _ = strings.Cut(fn, "(")
+			files[fn] = file
+		}
+	}
+	return files
+}
 
 // TestPinnedSettings checks the functions' invariant (the head of
 // functions/10_guard.sql) from the catalog: every function but the inlined
@@ -40,8 +58,8 @@ var orderedWalks = []string{"harel_sweep"}
 // plan_cache_mode, enable_seqscan and jit, so a new
 // function that forgets one fails here; the helpers pin none and are
 // LANGUAGE sql, or the planner would not inline them; lockOnly pin
-// search_path and name no queue table; orderedWalks pin bitmap scans off
-// too.
+// search_path and name no queue table; the message path's pin bitmap
+// scans and merge joins off too.
 func TestPinnedSettings(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -67,7 +85,8 @@ func TestPinnedSettings(t *testing.T) {
 		"enable_seqscan=off",
 		"jit=off",
 	}
-	var helpers, pinned int
+	files := fileOf()
+	var helpers, pinned, path int
 	for _, f := range fns {
 		if slices.Contains(inlined, f.Name) {
 			helpers++
@@ -84,8 +103,9 @@ func TestPinnedSettings(t *testing.T) {
 		}
 		pinned++
 		want := want
-		if slices.Contains(orderedWalks, f.Name) {
-			want = append(slices.Clone(want), "enable_bitmapscan=off")
+		if slices.Contains(messagePath, files[f.Name]) {
+			path++
+			want = append(slices.Clone(want), "enable_bitmapscan=off", "enable_mergejoin=off")
 		}
 		if !slices.Equal(slices.Sorted(slices.Values(f.Config)), slices.Sorted(slices.Values(want))) {
 			t.Errorf("%s pins %q; every function that touches the queue tables, every trigger function and every function a client calls must pin exactly %q (in its definition in schema/sql/functions/)", f.Name, f.Config, want)
@@ -93,6 +113,7 @@ func TestPinnedSettings(t *testing.T) {
 	}
 	is.Equal(helpers, len(inlined)) // every helper named above exists
 	is.True(pinned >= 13)           // the protocol's functions were all read
+	is.True(path >= 30)             // and the message path's files were found
 }
 
 // TestGuardInlined runs every path that takes the lost-publish guard's lock

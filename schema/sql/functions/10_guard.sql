@@ -57,10 +57,31 @@
 --     jit_above_cost, and compiling it took 85 ms a publish. The wake-up
 --     trigger pins it too: it also fires for the design's plain two-INSERT
 --     publish, which runs under the client's settings.
--- The claim's sweep (harel_sweep, 30_claim.sql) pins a fifth,
--- enable_bitmapscan = off (version 19): its walks are ordered scans of the
--- slot index that stop at the claim's limit, and a bitmap scan, which the
--- generic plan had chosen, reads the whole range and sorts it.
+-- The message path (the functions of 20_publish.sql, 25_ready.sql,
+-- 30_claim.sql, 40_ack.sql, 50_fail.sql, 55_keyed_publish.sql,
+-- 60_nack_extend.sql, 75_state.sql and 80_wakeups.sql) pins two more:
+--   enable_bitmapscan = off: its walks are ordered scans that stop at a
+--     limit (the sweep's slots, a group's head), and a bitmap scan reads
+--     the whole range first (a hot group's every message) and sorts it.
+--   enable_mergejoin = off: a merge join reads its sides in order, which
+--     for a queue table means an index from end to end.
+-- Plans that probe. A queue's messages table is often empty, and an
+-- ANALYZE or VACUUM that finds it so records 0 or 1 rows; the planner then
+-- prices every index of it at one page, and a generic plan made then (the
+-- next call after each autovacuum re-plans) may read an index end to end
+-- instead of probing it. Under a held snapshot that index holds an entry
+-- for every message since the snapshot began, and such a plan held every
+-- stream's exchange at 150-200 ms for the minute until the next ANALYZE
+-- (TestPlansProbeAnEmptyLookingQueue). So the message path reaches the
+-- queue's rows by probes the planner cannot trade for one read of a whole
+-- index: a lookup names its group (transport_messages_group); an EXISTS
+-- that names a row of its statement ends in OFFSET 0, and a set of
+-- messages is found by a LATERAL subquery that does, each then run once a
+-- row (PostgreSQL neither joins, hashes nor flattens such a subquery); and
+-- a statement that joins an input array to transport_groups compares
+-- group_id = ANY (ARRAY[...]), which no hash join can use, so the primary
+-- key is probed once an input (a hash join had read all of it: 2,800-3,500
+-- buffers a fence in a fresh queue's first minutes).
 -- The inlined helpers pin none and are LANGUAGE sql, one expression each:
 -- the planner then inlines them into the calling statement, where they run
 -- under their caller's settings at no per-call cost; a SET clause, or any

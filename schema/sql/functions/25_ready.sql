@@ -48,6 +48,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -76,6 +78,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -109,6 +113,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE

@@ -1,249 +1,133 @@
 -- 30_claim.sql: the claim (harel_claim, harel_claim_many and what they
--- share: the sweep, the hand-out count, dead-lettering a spent head).
+-- share: harel_sweep, its rests and reaps, the hand-out count).
+-- This file says what the claim does now; docs/design.md says how each
+-- part came to be, and what was measured ("Poison messages", and "The
+-- sweep" to "Two versions of a group row a message").
 --
--- The ready log (version 20). A claim takes, after the due groups
--- (below), the groups of the ready log's entries from the frontier on, in
--- entry order (25_ready.sql): the groups that became claimable at once, in
--- the order they did. So groups are served longest-ready first: a group
--- that becomes claimable waits for the groups that became claimable
--- before it, each handed out once, so at most as many hand-outs as there
--- are claimable groups, kept leases aside
+-- A claim picks from three places, each only where the one before left
+-- room under its limit: the due groups, the ready log, the sweep.
+--
+-- Due groups. A group held by no one whose retry_at has come (a failed
+-- head's backoff or a snooze's delay that has ended, a give-back, a nack
+-- at once or when its park ends, a restart) is taken first, the earliest
+-- due first, from the partial index transport_groups_due: a retry comes
+-- when its backoff ends, however deep the backlog, so a poison message
+-- holds its group for about its attempts times the backoff. The settle
+-- that follows clears retry_at (HOT while it stays NULL), so a group that
+-- never fails or parks never enters that index.
+--
+-- The ready log. Then the groups of the log's entries from the frontier on
+-- (transport_ready, 25_ready.sql), in entry order: the groups that became
+-- claimable, in the order they did. So groups are served longest-ready
+-- first: a group that becomes claimable waits for those that became
+-- claimable before it, each handed out once, so at most as many hand-outs
+-- as there are claimable groups, due groups and kept leases aside
 -- (TestClaimsServeGroupsInTheOrderTheyBecameClaimable). A claim reads the
--- entries it takes, and the dead ones between the frontier and them, not
--- the rows it cannot take, and under a held snapshot it does not pass
--- the versions of rows it never looks at. It locks an entry (FOR UPDATE
--- SKIP LOCKED) and then its group row, checked as the sweep checks it;
--- deletes the entries of the groups it took and of groups gone, held or
--- paused (what frees them writes a new one); and leaves those whose row
--- another transaction holds. A claim with a floor passes the entries
--- below it.
+-- entries it takes, the dead ones before them and the rows they name:
+-- not the rows no entry names, nor their versions under a held snapshot. It
+-- locks an entry (FOR UPDATE SKIP LOCKED), then its group row, checked as
+-- the sweep checks it; deletes the entries of the groups it took and of
+-- groups gone, held, paused or drained and empty (what makes them
+-- claimable again writes a new entry); and leaves those whose row another
+-- transaction holds. A claim with a floor passes the entries below it.
 --
--- The sweep (version 16). What becomes claimable with no entry (a lease or
--- a park under a token that lapses; a message under a wrong drained mark,
--- "Kept rows" below; a group of a queue upgraded mid-claim) the sweep
--- finds. Every group row has a slot, numbered when the row
--- is created (transport_groups_slot, which cycles through 2^20
--- values) and not written otherwise, and the sweep goes round the slots in
--- order: it
--- starts at the cursor (transport_claim_cursor, the slot after the last
--- one a sweep took), takes the claimable groups it meets up to the claim's
--- limit, on to the last slot and then from the first, and moves the cursor past
--- the last slot it took. Claimable: not paused, at or above the claim's
--- priority floor, and free or with a lease, park or backoff that has
--- ended. No column a claim or an ack writes is in an index (the slot
--- index, transport_groups_sweep, holds the slot only), so their updates
--- are HOT: the table and its indexes do not grow per message, and a
--- page's dead versions are pruned in place without vacuum. The price: a
--- sweep passes the rows it cannot take (leased, parked, paused, below its
--- floor) on the heap, and, under a held snapshot, every version of them
--- since; so the claims sweep only where the log and the due groups left
--- room, and then rarely (see "Going round").
--- Only a claim that admits every priority moves the cursor (one with a
--- floor would move it past groups it cannot see), and a round (from the
--- first slot) moves it back only when it leased something; concurrent
--- sweeps start from the same cursor and skip each other's rows (SKIP
--- LOCKED).
+-- The sweep. What becomes claimable with no entry (a lease or a park
+-- under a token that lapses; a message under a wrong drained mark, "Kept
+-- rows" below) the sweep finds. Every group row has a slot, numbered when
+-- the row is created (transport_groups_slot, cycling through 2^20 values)
+-- and never written again. The sweep walks the slot index from the cursor
+-- (transport_claim_cursor) to the highest slot a row has and on from the
+-- first, takes the claimable rows it meets up to the claim's limit, and
+-- leaves the cursor where it got to: past the last slot it took, where
+-- its budget stopped it, or where it began after a whole lap. Claimable:
+-- not paused, at or above the claim's floor, and free or with a lease,
+-- park or backoff that has ended. No column a claim or an ack changes is
+-- in an index (transport_groups_sweep holds the slot only) but retry_at,
+-- which they leave NULL unless a group fails or parks, so their updates
+-- are HOT: the table and its indexes do not grow per message, and
+-- a page's dead versions are pruned in place without vacuum. The price:
+-- the sweep filters the rows it cannot take on the heap and, under a held
+-- snapshot, every version of them (a lap took 50-370 ms under a 5-minute
+-- snapshot at 1,000 msgs/s), so claims sweep only where the due groups and
+-- the log left room, and rarely. Only a claim with no floor moves the
+-- cursor (one with a floor would move it past groups it cannot see);
+-- concurrent sweeps skip each other's rows (SKIP LOCKED).
 --
--- Going round. A claim sweeps (from the cursor to the last slot and on
--- from the first) when the due groups and the log left room, unless it has
--- found something and a sweep that leased nothing (it found no row, or
--- only rows found empty) was in the last second (transport_claim_wrap, the p_now
--- of that claim, epoch ms), or, where that sweep took 5 ms or more, it
--- found something or is a stream's exchange (harel_exchange_leases with
--- p_rest: a stream that finds nothing waits for a wake-up or its IdleSweep
--- and asks again) and the sweeps rest: 9 times what it took, 1 s at least
--- and 2 s at most (version 24; until then no floor)
--- (transport_claim_rest, epoch ms of the server's clock;
--- harel_rest_rounds). Any other claim that has found nothing sweeps a
--- whole lap if it must, so harel_claim and harel_claim_leases lease
--- something when anything is claimable. A sweep by a claim that found
--- something, or by a stream's exchange, has a budget: it walks 512 slots at
--- a time and stops after the piece that takes its sweeps past 10 ms, the
--- cursor where it got to, so that no exchange holds the groups it settled
--- (and, for a stream, the next exchange) for a whole lap; the next sweep
--- goes on from there, and a sweep stopped so is not a lap that found
--- nothing (it rests the sweeps by its cost, and leaves the second alone).
--- The cursor is where the last sweep got to: past the last slot it took,
--- where it stopped, or where it began after a whole lap. A lapsed lease waits for the next sweep: at most about a
--- second under load (the first claim after the second sweeps, and the
--- claims go on sweeping while the sweeps lease), at most 2 s more while
--- costly sweeps rest, at once where a claim finds the log empty
--- (TestSweepFindsWhatTheLogMisses, TestCostlySweepRests). A sweep passes
--- the index entries of every slot a row has left since vacuum last ran
--- and, while a snapshot holds vacuum back, every version since: under a
--- 5-minute snapshot at 1,000 msgs/s a lap took 50-370 ms, which is why the
--- log, not the sweep, hands out the groups that are ready, and why a
--- budgeted sweep stops early. A rest more
--- than 2 s ahead (the server's clock stepped back) is none. (Until version
--- 20 the sweep was the claim, and the round rested only for claims that
--- had found something ahead of the cursor; versions 18 and 19 gave
--- revived rows new slots, at the end of the round.)
+-- Going round. A claim that has found something does not sweep within a
+-- second of a sweep that leased nothing (transport_claim_wrap, that
+-- claim's p_now in epoch ms). A sweep that took 5 ms or more and leased
+-- nothing rests the sweeps for 9 times what it took, 1 s at least and 2 s
+-- at most (transport_claim_rest, epoch ms of the server's clock;
+-- harel_rest_rounds), and while they rest neither a claim that has found
+-- something nor a stream's exchange sweeps (p_rest: a stream that finds
+-- nothing waits for a wake-up or its IdleSweep and asks again). Any other
+-- claim that has found nothing sweeps a whole lap if it must, so
+-- harel_claim and harel_claim_leases lease something when anything is
+-- claimable. The sweep of a claim that found something, or of a stream's
+-- exchange, has a budget: it walks 512 slots at a time and stops after
+-- the piece that takes it past 10 ms, so that no exchange holds the groups
+-- it settled (and, for a stream, its next exchange) for a lap; a sweep
+-- stopped so that leased nothing rests the sweeps by its cost but leaves
+-- transport_claim_wrap alone (it is not a lap). So a lapsed lease waits
+-- for the next sweep: at most about a second under load (the first claim
+-- after the second sweeps), 2 s more while costly sweeps rest, none where
+-- a claim other than a stream's exchange finds nothing before it sweeps
+-- (TestSweepFindsWhatTheLogMisses, TestCostlySweepRests). A rest more
+-- than 2 s ahead (the server's clock stepped back) is none.
 --
--- Kept rows (version 17). The ack that drains a group frees its row in
--- place and marks it (drained_at = lock_expiry = the ack's now), and the
--- group's next publish readies it (harel_revive, called by
--- harel_ready_groups and the trigger harel_ready_group, 20_publish.sql):
--- a group that drains and comes back, as a stream's kept leases make most
--- groups do, costs no row insert and delete. Since version 24 the publish
--- does not write the row (unless its priority changes): it writes the
--- group's entry in the ready log, and the claim that takes it leases the
--- row and clears the mark in its one write, so a group that drains and
--- comes back writes two versions of its row per message (the lease, the
--- ack), not three; each version is one more for every lookup of the row
--- to pass while a snapshot holds vacuum back. So a marked row may have
--- messages, and every claim path reads a marked row's messages before it
--- takes it. The mark is written without the lost-publish guard (so that
--- no publisher waits for a drainer), and the publish reads the row
--- without waiting for its lock, so either can be wrong: a publish whose
--- group insert or read came just before the ack's mark, its message still
+-- Kept rows. The ack that drains a group frees its row in place and marks
+-- it (drained_at = lock_expiry = the ack's now); the group's next publish
+-- writes the group's ready-log entry without writing the row (harel_revive,
+-- 20_publish.sql, unless the priority changes), and the claim that takes
+-- it clears the mark in its lease. So a group that drains and comes back
+-- costs no row insert or delete, and writes two versions of its row a
+-- message (the lease, the ack), each one more for every lookup of the row
+-- to pass while a snapshot holds vacuum back. The mark is written without
+-- the lost-publish guard, so that no publisher waits for a drainer, and
+-- the publish reads the row without waiting for its lock: a publish that
+-- read the row before the ack's mark committed, its message still
 -- uncommitted when the ack looked, wrote no entry and leaves its message
--- under a marked row. So the sweep looks for a message under every marked
--- row it meets (an index probe of transport_messages, before the lock) and
--- takes the row, and hands its head out, when it finds one. The probes of
--- the claim paths read the group's newest message first (a backward
--- scan): a marked row with a message is one published since its drain,
--- and its newest message is that publish's, so the probe reads one entry,
--- where a forward scan first passes every message the group has had
--- acked since vacuum last ran (under a held snapshot, all of them). It never
--- locks an empty kept row: a publisher readying one waits for no claim
--- (until version 22 the sweep took a marked row to read its head, passed
--- it for 2 s once found empty and then took it again, and a stream's
--- exchange could hold hundreds of them locked while their publishers
--- waited; TestSweepLocksNoEmptyKeptRow). harel_reap deletes the kept rows
--- still empty 2 s after their drain. So a group that comes back within
--- 2 s keeps its row for good, and one that does not (a job of one
--- message, say) costs a reap's delete where an ack used to delete it.
-
--- Due groups first: a group held by no one that is due before the sweep
--- (retry_at: a failed message's backoff or a snooze's delay that has
--- ended, a give-back, a nack with no delay or a restart at once) is taken
--- first, the earliest due first, from the partial index
--- transport_groups_due, so a
--- retry comes when its backoff ends rather than when the cursor reaches
--- it: a poison message holds its group for about its attempts times the
--- backoff, however deep the backlog. A nack's park, under its token, is
--- taken so too once it ends (until version 20 it kept its place in the
--- sweep, and was in the index only so that idle consumers learn when it
--- ends, harel_wait). The settle that follows
--- clears retry_at (acks, fails, nacks and frees write it, HOT while it
--- stays NULL), so a group that never fails or parks never enters that
--- index.
+-- under a marked row. So a marked row may have messages (every revived
+-- one has), and every claim path reads a marked row's newest message
+-- before it locks the row (a backward index scan: a message there is the
+-- newest, so the probe reads one entry, where a forward scan passes every
+-- message the group had acked since vacuum last ran), takes the row when
+-- there is one, and never locks an empty kept row, so a publisher
+-- reviving one waits for no claim (TestSweepLocksNoEmptyKeptRow).
+-- harel_reap deletes the kept rows still empty 2 s after their drain: a
+-- group that comes back within 2 s keeps its row, a job of one message
+-- costs a reap's delete. A stream's exchange deletes no empty row but one
+-- with a state, which no reap takes.
 --
--- Delivery attempts (version 10). A claim's one write of the group row
--- also records the message it hands out (delivered_seq) and how many times
--- it has handed it out (attempts): only a group's head is ever delivered,
--- so the group row can count for it, and counting costs no write of its
--- own. Every hand-out counts, whatever ends the lease (an ack, a nack, a
--- fail, or a lapse: a worker that crashes on a message uses an attempt
--- each time); harel_release, a give-back of an unused lease, takes its
--- attempt back. When a claim finds that the head it is about to hand out
--- again has used the queue's max_attempts (transport_policy), it applies
--- the queue's choice first (harel_spend): the head moves to
--- transport_dead_letters and the claim hands out the group's next
--- message, or the group is stopped and the claim moves on.
+-- Delivery attempts. A claim's one write of the group row also records
+-- the message it hands out (delivered_seq) and how many times it has
+-- handed it out (attempts): only a group's head is ever delivered, so the
+-- group row can count for it, in the claim's one write. Every hand-out
+-- counts, whatever ends the lease (an ack, a nack, a fail, or a lapse: a
+-- worker that crashes on a message uses an attempt each time);
+-- harel_release (a give-back of an unused lease) and harel_snooze take
+-- their attempt back. A head about to be handed out again when it has
+-- used the queue's max_attempts (transport_policy) gets the queue's
+-- choice first (harel_spend, 50_fail.sql): it moves to the dead
+-- letters and the claim hands out the group's next message, or the group
+-- is stopped and the claim moves on.
 --
 -- The order inside a claim: lock the group rows (FOR NO KEY UPDATE SKIP
 -- LOCKED), read their heads in a statement of its own (a snapshot taken
 -- after the locks, so never a head an earlier holder has just acked), then
 -- lease them by primary key with the head and the count in the same
 -- write. An empty group row is never leased: it is deleted (the
--- lost-publish guard's try-lock, then a re-check) or freed and marked
--- (see "Kept rows"), and the claim goes on while it has leased nothing and
--- something else may be claimable.
+-- lost-publish guard's try-lock, then a re-check) or freed and marked, and
+-- the claim goes on while it has leased nothing and something else may be
+-- claimable.
 
--- harel_bury moves messages (p_seqs[i] of p_groups[i]) to
--- transport_dead_letters with their group's priority and attempts and
--- p_error as the last error (or the message's own, where p_error is
--- NULL), and returns their groups. The caller holds the group rows.
-CREATE OR REPLACE FUNCTION harel_bury(
-    p_groups TEXT[],
-    p_seqs   BIGINT[],
-    p_error  TEXT)
-RETURNS SETOF TEXT
-LANGUAGE sql
-SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET jit = off
-AS $$
-    WITH gone AS (
-        DELETE FROM transport_messages AS m
-         USING unnest(p_groups, p_seqs) AS u(gid, s)
-         WHERE m.seq = u.s AND m.group_id = u.gid
-        RETURNING m.seq, m.group_id, m.event, m.published_at, m.last_error
-    ), moved AS (
-        INSERT INTO transport_dead_letters AS d
-               (seq, group_id, event, priority, attempts, last_error, published_at)
-        SELECT x.seq, x.group_id, x.event, COALESCE(g.priority, 0), COALESCE(g.attempts, 0),
-               COALESCE(p_error, x.last_error), x.published_at
-          FROM gone AS x
-          LEFT JOIN transport_groups AS g ON g.group_id = x.group_id
-        RETURNING d.group_id
-    )
-    SELECT m.group_id FROM moved AS m
-$$;
-
--- harel_spend applies the queue's policy to heads about to be handed out
--- again (p_heads[i], the head of p_groups[i], held by the caller): those
--- whose group has handed them out max_attempts times already are
--- dead-lettered (stopped false) or their groups stopped (stopped true:
--- locked_by '', which no token matches, lock_expiry 'Infinity', which no
--- claim reaches, until harel_restart_group). locked_by '' with a finite
--- lock_expiry is a failed message's backoff (harel_fail): a park no
--- token holds. A claim refuses an empty token (PT002), so '' is never a
--- lease's. Returns those groups only; nothing when
--- max_attempts is 0.
-CREATE OR REPLACE FUNCTION harel_spend(
-    p_groups TEXT[],
-    p_heads  BIGINT[])
-RETURNS TABLE (group_id TEXT, stopped BOOLEAN)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET jit = off
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_max    INT;
-    v_stop   BOOLEAN;
-    v_groups TEXT[];
-    v_heads  BIGINT[];
-BEGIN
-    SELECT p.max_attempts, p.on_exhausted = 'stop' INTO v_max, v_stop
-      FROM transport_policy AS p WHERE p.id;
-    IF COALESCE(v_max, 0) = 0 THEN
-        RETURN;
-    END IF;
-    SELECT array_agg(g.group_id), array_agg(u.s) INTO v_groups, v_heads
-      FROM unnest(p_groups, p_heads) AS u(gid, s)
-      JOIN transport_groups AS g ON g.group_id = u.gid
-     WHERE g.delivered_seq = u.s AND g.attempts >= v_max;
-    IF v_groups IS NULL THEN
-        RETURN;
-    END IF;
-    IF v_stop THEN
-        UPDATE transport_groups AS g
-           SET locked_by = '', lock_expiry = 'Infinity', retry_at = NULL
-         WHERE g.group_id = ANY (v_groups);
-        RETURN QUERY SELECT u.gid, true FROM unnest(v_groups) AS u(gid);
-    ELSE
-        RETURN QUERY SELECT b, false FROM harel_bury(v_groups, v_heads, NULL) AS b;
-    END IF;
-END
-$$;
-
--- harel_rest_rounds records a sweep that leased nothing, by a claim whose
--- clock says p_now, its walk having taken p_ms milliseconds (see "Going
--- round"): transport_claim_wrap becomes p_now in epoch ms (unless p_now is
--- NULL: a sweep that stopped at its budget, not a whole lap), and, where
--- the walk took 5 ms or more, transport_claim_rest 9
--- times that past the server's now, 1 s at least and 2 s at most (the
--- floor since version 24: under a held snapshot a stream's budgeted
--- sweeps, 10 ms each and resting 90 ms, took a tenth of a core and found
--- nothing; never earlier than
--- p_rest, the rest the claim read, unless that is more than 2 s ahead: a
--- server clock stepped back). Returns the two.
+-- harel_rest_rounds records a sweep that leased nothing ("Going round"), by
+-- a claim whose clock says p_now (NULL: a sweep its budget stopped, not a
+-- lap), its walk having taken p_ms milliseconds: transport_claim_wrap
+-- becomes p_now in epoch ms (left as it is for NULL) and, from 5 ms on,
+-- transport_claim_rest 9 times p_ms past the server's now, 1 to 2 s, never
+-- earlier than p_rest, the rest the claim read (unless that is more than
+-- 2 s ahead). Returns the two.
 CREATE OR REPLACE FUNCTION harel_rest_rounds(
     p_now  DOUBLE PRECISION,
     p_ms   DOUBLE PRECISION,
@@ -254,6 +138,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -273,22 +159,18 @@ BEGIN
 END
 $$;
 
--- harel_reap deletes the kept rows drained 2 s ago or more, still empty,
--- among the next p_slots slots from the reap's cursor
+-- harel_reap deletes the kept rows drained 2 s ago or more and still
+-- empty among the next p_slots slots from its cursor
 -- (transport_claim_reap_cursor, round and round like the sweep's): it
 -- locks only rows it found empty, and deletes them after the guard's
--- try-lock and a re-check in a statement after it, so the caller's
--- transaction holds those rows' buckets until it ends. A claim whose limit
--- the due groups and the log reached before it swept calls it with its
--- limit, so that under a backlog of one-message groups, where claims
--- never sweep, the rows their acks leave are reaped as fast as they come
--- (a new group takes the next slot): bounded work for each claim. A claim
--- that leased nothing calls it with its limit, 64 at least, so that an
--- idle queue's kept rows go too (version 22; until then the sweep deleted
--- those it met), but for a stream's exchange, which leaves it to the
--- stream's harel_wait, a transaction of its own (version 24). Each row it deletes holds its guard bucket (one of 1,024)
--- until the claim commits, and publishers of that bucket's groups wait:
--- so few at a time (version 23; version 22 took 512 slots).
+-- try-lock and a re-check, so the caller holds their guard buckets (one
+-- of 1,024 each, and their publishers wait) until it commits: few at a
+-- time. A claim whose limit was reached before it swept reaps its limit,
+-- so that under a backlog of one-message groups, where claims never
+-- sweep, the rows their acks leave go as fast as they come; a claim that
+-- leased nothing reaps its limit, 64 at least, so that an idle queue's
+-- kept rows go too, but for a stream's exchange, whose stream reaps in
+-- its harel_wait, a transaction of its own.
 CREATE OR REPLACE FUNCTION harel_reap(
     p_now   DOUBLE PRECISION,
     p_slots INT)
@@ -297,6 +179,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -314,31 +198,27 @@ BEGIN
              WHERE c.slot >= v_lo AND c.slot < v_lo + p_slots
                AND c.locked_by IS NULL AND NOT c.paused AND c.state IS NULL
                AND c.drained_at < p_now - 2
-               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id)
+               AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = c.group_id OFFSET 0)
                FOR NO KEY UPDATE SKIP LOCKED) AS c
      WHERE harel_try_guard(c.group_id);
     IF v_gone IS NOT NULL THEN
         DELETE FROM transport_groups AS g
          WHERE g.group_id = ANY (v_gone)
-           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id);
+           AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0);
     END IF;
 END
 $$;
 
--- harel_sweep is the claim: it leases up to p_limit claimable groups
--- (priority >= p_min_priority) to p_token, due groups first, then the
--- ready log's, then the sweep's (see "The ready log", "The sweep" and
--- "Going round" above), and returns the head of
--- each, in no particular order, with its attempt (1 on the first
--- hand-out) and its age in seconds (server clock; NULL for a message
--- queued before version 10). p_caller names the function called in a
--- refusal. p_rest: the claim skips the sweep while the sweeps rest even
--- when it has found nothing, and its sweep has a budget (a stream's
--- exchange; see "Going round"). (The name is the sweep's, which was the
--- whole claim until version 20.) harel_claim_one and
--- harel_claim_leases are its limits of one and of many. Its walks are
--- ordered scans of the slot index that stop at the limit: no bitmap scans,
--- which read every slot of the range and sort them (version 19).
+-- harel_sweep is the claim (named for the sweep, which was once all of it): it
+-- leases up to p_limit claimable groups (priority >= p_min_priority) to
+-- p_token, due groups first, then the ready log's, then the sweep's, and
+-- returns the head of each, in no particular order, with its attempt (1
+-- on the first hand-out) and its age in seconds (server clock; NULL for a
+-- message queued before version 10). p_caller names the function called
+-- in a refusal. p_rest, a stream's exchange: no sweep while the sweeps
+-- rest even when it has found nothing, and a budget ("Going round"). Its
+-- walks are ordered scans of the slot index that stop at the limit, never
+-- bitmap scans, which read and sort every slot of the range.
 CREATE OR REPLACE FUNCTION harel_sweep(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -352,6 +232,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_mergejoin = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
@@ -414,13 +295,8 @@ BEGIN
     -- empty or stopped: a claim leases something when anything is
     -- claimable. Each time, the walk and the round go on from the slot
     -- after the last one they took (v_at, v_from), so one call walks the
-    -- slots once at most and the loop ends: with a lease, or when a walk
-    -- finds nothing. (Until version 17 it gave up after 8 rounds; with
-    -- kept rows a claim of 1 could meet more empty rows than that in a
-    -- row, and return nothing while a group waited. Until version 19 each
-    -- time walked again from the cursor and the first slot past what it
-    -- had picked: under a held snapshot, a round that met thousands of
-    -- kept rows drained long ago, 62 at a time, held one call for seconds.)
+    -- slots once at most, and the loop ends with a lease or when a walk
+    -- finds nothing.
     LOOP
         -- Pick and lock: due groups first, then the sweep from the cursor
         -- to the last slot and on from the first (see "The sweep" above).
@@ -435,12 +311,7 @@ BEGIN
                  LIMIT p_limit
                    FOR NO KEY UPDATE SKIP LOCKED) AS c;
         -- Then the ready log, from the frontier and past what this call
-        -- read before (see "The ready log"): the groups of the entries it
-        -- picks that are claimable, as the sweep's are. It deletes the
-        -- entries of the groups it took, and those of groups gone, held,
-        -- paused or drained and still empty (what makes them
-        -- claimable again writes a new entry); it leaves those whose row
-        -- another transaction holds.
+        -- read before ("The ready log").
         v_n := COALESCE(cardinality(v_groups), 0);
         IF v_n < p_limit THEN
             SELECT array_agg(r.rseq), array_agg(r.group_id), max(r.rseq) + 1 INTO v_rseqs, v_rgroups, v_rnext
@@ -482,11 +353,8 @@ BEGIN
             v_n := COALESCE(cardinality(v_groups), 0);
             v_filled := v_pass = 1 AND v_n >= p_limit AND v_t0 IS NULL;
             EXIT WHEN v_n >= p_limit OR v_stop;
-            -- The sweep, where the due groups and the log left room: not
-            -- when something was found and a sweep that leased nothing
-            -- was in the last second, nor, for a claim that found
-            -- something or a stream's exchange, while sweeps rest (see
-            -- "Going round").
+            -- The sweep, where the due groups and the log left room, and
+            -- not when "Going round" says no.
             EXIT WHEN v_pass = 1 AND v_n > 0 AND p_now * 1000 - v_wrap BETWEEN 0 AND 1000;
             EXIT WHEN v_pass = 1 AND (v_n > 0 OR p_rest)
                   AND v_rest - date_part('epoch', clock_timestamp()) * 1000 BETWEEN 0 AND 2000;
@@ -495,17 +363,12 @@ BEGIN
                 v_swept := '{}';
                 IF v_t0 IS NULL THEN
                     -- The call's first sweep: its budget's start, and the
-                    -- highest slot a row has (the walk from the cursor
-                    -- ends there rather than at the last of 2^20).
+                    -- highest slot a row has (where the walk turns).
                     v_t0 := clock_timestamp();
                     v_top := COALESCE((SELECT max(c.slot) FROM transport_groups AS c), -1) + 1;
                 END IF;
             END IF;
-            -- A pass walks its slots 512 at a time where the sweep has a
-            -- budget (a claim that found something, a stream's
-            -- exchange): the call stops sweeping after the piece that
-            -- takes its sweeps past 10 ms, and the next sweep goes on from
-            -- there.
+            -- 512 slots at a time where the sweep has a budget.
             LOOP
                 v_lo := CASE WHEN v_pass = 1 THEN v_at ELSE v_from END;
                 v_hi := CASE WHEN v_pass = 1 THEN GREATEST(v_top, v_lo) ELSE v_upto END;
@@ -595,24 +458,21 @@ BEGIN
                        attempts = CASE WHEN g.delivered_seq = u.s THEN g.attempts + 1 ELSE 1 END,
                        leased_at = p_now, drained_at = NULL
                   FROM unnest(v_groups, v_heads, v_events, v_pubs) AS u(gid, s, e, p)
-                 WHERE u.s IS NOT NULL AND g.group_id = u.gid
+                 WHERE u.s IS NOT NULL AND g.group_id = ANY (ARRAY[u.gid])
                 RETURNING u.gid, u.s, u.e, g.attempts, date_part('epoch', clock_timestamp() - u.p);
             GET DIAGNOSTICS v_leased = ROW_COUNT;
         END IF;
 
         IF v_empty IS NOT NULL THEN
-            -- Group rows found empty (their message seen by the pick was
-            -- gone by the head's read, or a row never marked): delete those
-            -- drained 2 s ago or more (or never marked) that no publisher
-            -- is mid-transaction on (a publisher holds the group's lock,
-            -- shared, from its message insert until it commits; see
-            -- harel_hold_group), re-checked in a statement after the
-            -- try-lock; free and mark the rest (see "Kept rows"). A
-            -- stream's exchange (p_rest) leaves them to the reap, but for
-            -- a row with a state, which no reap takes (its ack's delete
-            -- met a publisher): a deleted row's bucket is held until the
-            -- claim commits, and under a held snapshot an exchange ran
-            -- 100 ms and more while a publisher waited on it (version 24).
+            -- Group rows found empty (the message the pick saw was gone
+            -- by the head's read, or a row never marked): delete those
+            -- drained 2 s ago or more, or never marked, that no publisher
+            -- is mid-transaction on (harel_hold_group), re-checked after
+            -- the try-lock; free and mark the rest ("Kept rows"). A
+            -- stream's exchange, whose commit may be slow under a held
+            -- snapshot while the deleted rows' publishers wait, leaves
+            -- them to the reap, but for a row with a state, which no reap
+            -- takes.
             v_skip := v_skip || v_empty;
             SELECT array_agg(e) INTO v_gone
               FROM unnest(v_empty) AS e
@@ -623,7 +483,7 @@ BEGIN
             WITH deleted AS (
                 DELETE FROM transport_groups AS g
                  WHERE g.group_id = ANY (v_gone)
-                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id)
+                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
                 RETURNING g.group_id
             )
             SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
@@ -640,22 +500,16 @@ BEGIN
                 SELECT r.wrap, r.rest INTO v_wrap, v_rest FROM harel_rest_rounds(CASE WHEN NOT v_stop THEN p_now END, v_ms, v_rest) AS r;
             END IF;
         END IF;
-        -- A stream's exchange (p_rest) stops after 256 rows picked and not
-        -- leased (found empty or stopped), returning what it has: each row
-        -- stays locked until the claim commits, publishers of those groups
-        -- wait for it, and the next exchange passes them (the cursor has
-        -- moved past them, or, for a claim with a floor, they are gone or
-        -- marked). Under a held snapshot at 2,000 msgs/s one version-21
-        -- exchange met 5,000 kept rows in a row (since version 22 a claim
-        -- picks a kept row only with a message under it). Other claims go
-        -- on: they lease something when anything is claimable.
+        -- A stream's exchange stops after 256 rows picked and not leased,
+        -- returning what it has (each stays locked, its publishers
+        -- waiting, until the claim commits; the next exchange passes
+        -- them); other claims go on, to lease something when anything is
+        -- claimable.
         EXIT WHEN v_leased > 0 OR (v_empty IS NULL AND v_stopped IS NULL)
                OR (p_rest AND cardinality(v_skip) >= 256);
     END LOOP;
     -- The reap (harel_reap): not in a stream's exchange that leased
-    -- nothing, which may run for long under a held snapshot while the
-    -- buckets of the rows it reaped make their publishers wait; such a
-    -- stream reaps when it goes idle (harel_wait, version 24).
+    -- nothing; its stream reaps when it goes idle (harel_wait).
     IF p_min_priority <= 0 AND (v_filled OR (v_leased = 0 AND NOT p_rest)) THEN
         PERFORM harel_reap(p_now, CASE WHEN v_filled THEN p_limit ELSE GREATEST(p_limit, 64) END);
     END IF;
@@ -681,6 +535,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$ BEGIN RETURN QUERY SELECT * FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, 1, 'harel_claim'); END $$;
 
@@ -696,6 +552,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$ BEGIN RETURN QUERY SELECT c.group_id, c.seq, c.event FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, 1, 'harel_claim') AS c; END $$;
 
@@ -717,11 +575,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$ BEGIN RETURN QUERY SELECT * FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, p_limit, 'harel_claim_many'); END $$;
 
 -- harel_claim_many is harel_claim_leases without the attempt and age
--- columns (its result since version 4).
+-- columns.
 CREATE OR REPLACE FUNCTION harel_claim_many(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -733,5 +593,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$ BEGIN RETURN QUERY SELECT c.group_id, c.seq, c.event FROM harel_sweep(p_now, p_lease, p_token, p_min_priority, p_limit, 'harel_claim_many') AS c; END $$;

@@ -2,42 +2,30 @@
 -- harel_ack_claim, harel_ack_many). An ack writes its group row once, in
 -- columns no index holds (HOT).
 --
--- An ack first looks at the group's next message, before any lock: if the
--- ack's token still holds the group, nothing but this ack can remove that
--- message (only a holder deletes messages), so what it sees is the head
--- after the ack. Then the fence is the one write: an UPDATE that checks the
--- token and frees the row (or extends it, when kept). Where the group looks
--- drained the same write marks it (drained_at): the row is kept for the
--- group's next publish (see "Kept rows" in 30_claim.sql). Two rows are
--- the exception, and are deleted when drained, after the lost-publish
--- guard's try-lock and a re-check that no other message is there (if a
--- publisher holds the guard, the row is freed instead): one that carries
--- a state, so that its state is kept or dropped as the policy says
--- (75_state.sql), and a moving group's on a partition of a growing
--- cluster, so that its next publish goes to its new home (90_growing.sql).
--- (Until version 17 every drained row was deleted so; until version 6,
--- harel_ack locked the group row, a lock record in the WAL, then rewrote
--- or deleted it.)
+-- An ack first reads the group's next message, before any lock: while its
+-- token holds the group nothing else deletes that message (only a holder
+-- deletes messages), so it is the head after the ack. Then the fence is the
+-- one write: an UPDATE that checks the token, frees the row (or extends it,
+-- when kept), and marks it drained (drained_at) where no message is left:
+-- the row is kept for the group's next publish ("Kept rows" in
+-- 30_claim.sql). Two kinds of drained row are deleted instead, after the
+-- lost-publish guard's try-lock and a re-check (freed when a publisher
+-- holds the guard): one with a state, so that the state is kept or dropped
+-- as the policy says (75_state.sql), and a moving group's on a partition of
+-- a growing cluster, whose next publish goes to its new home
+-- (90_growing.sql).
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
--- holds p_group and message p_seq is still there. Otherwise it deletes
--- message p_seq and frees the group with lock_expiry = p_now, marked
--- drained (drained_at = p_now) when it has no message left. The design's
--- signature and results, but for one case: an ack whose message is already
--- gone (a kept lease's earlier message, acked again: a kept lease reuses
--- its token) changes nothing and reports the lease lost; the design's
--- freed the group from under the holder of the next message.
---
--- Since version 10 the fence also checks that p_seq is the message the
--- lease was handed (the group row's delivered_seq; NULL for a lease
--- taken before the upgrade, which is not checked): an ack under a valid
--- token of any other message of the group is refused with SQLSTATE PT001
--- and changes nothing. (Two publishes that overlap can make a claim hand
--- out a higher seq while a lower one is uncommitted; that ack names the
--- seq it was handed, so it passes.) The batch calls answer such an entry
--- held = false instead. No token matches a stopped group (locked_by '').
--- Since version 17 a drained row is kept, marked, rather than deleted
--- (see the top of this file).
+-- holds p_group and message p_seq is still there; then it deletes the
+-- message and frees the group (lock_expiry = p_now), marked drained when
+-- no message is left. The design's call, with two differences: an ack of
+-- a message already gone (a kept lease's earlier one) reports the lease
+-- lost, where the design's freed the group from under the next message's
+-- holder; and an ack of a message other than the one the lease was handed
+-- (delivered_seq; a lease taken before version 10 has none and is not
+-- checked) is refused with SQLSTATE PT001 (the batch calls answer held =
+-- false). No token matches a stopped
+-- group (locked_by '').
 CREATE OR REPLACE FUNCTION harel_ack(
     p_group TEXT,
     p_seq   BIGINT,
@@ -48,6 +36,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -58,11 +48,10 @@ BEGIN
     END IF;
     -- Drained after this ack, as far as committed data shows?
     v_drained := NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
-    -- A drained row with a state or of a moving group (see the top of
-    -- this file), and no publisher mid-transaction on the group (it holds
-    -- the group's lock, shared; see harel_hold_group): the fence deletes
-    -- it. The DELETE runs after the try-lock, so it sees every message
-    -- committed before it.
+    -- A drained row with a state or of a moving group, with no publisher
+    -- mid-transaction on it (harel_hold_group): the fence deletes it, in a
+    -- statement after the try-lock, which sees every message committed
+    -- before the lock.
     IF v_drained AND EXISTS (SELECT 1 FROM transport_groups AS g
                               WHERE g.group_id = p_group AND NOT g.paused
                                 AND (g.state IS NOT NULL
@@ -76,13 +65,11 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = p_group AND m.seq <> p_seq);
     END IF;
     IF NOT FOUND THEN
-        -- The fence, the lock that keeps it ours until commit, and the
-        -- free, marked when drained (not a paused row, which stays as it
-        -- is, nor one with a state, whose delete was put off). The
-        -- message must still be there: a token kept across a group's
-        -- messages (harel_ack_many's keep) also holds for an earlier
-        -- message already acked, whose ack again would free the group
-        -- from under the holder of the next.
+        -- The fence and the free, marked when drained (not a paused row,
+        -- nor one with a state, whose delete was put off). The message
+        -- must still be there: a kept token also holds for an earlier
+        -- message, whose second ack would free the group from under the
+        -- next message's holder.
         UPDATE transport_groups AS g
            SET locked_by = NULL, lock_expiry = p_now, retry_at = NULL,
                drained_at = CASE WHEN v_drained AND NOT g.paused AND g.state IS NULL THEN p_now END
@@ -106,19 +93,15 @@ BEGIN
 END
 $$;
 
--- harel_exchange_leases is a worker's whole round-trip: settle a batch of
--- leases as harel_ack_many describes, then lease up to p_limit more groups
--- minus those kept (harel_claim_leases), in one transaction. Rows: kind 'a'
--- per settled lease, in input order (held, and the next head if kept, with
--- attempt 1 and its age), then kind 'c' per new lease (with its attempt and
--- age). The settling lives here, and harel_ack_many calls this, so that a
--- stream's round-trip runs one function less. With p_rest (version 18;
--- a stream's, which finding nothing waits for a wake-up or its idle sweep
--- and asks again) its claim may skip the round from the first slot while
--- the rounds rest, even when it finds nothing ("Going round" in
--- 30_claim.sql); without, it leases something when anything is
--- claimable, as harel_claim_leases. harel_exchange is this without the
--- last two columns, and without p_rest.
+-- harel_exchange_leases is a worker's whole round-trip in one
+-- transaction: settle a batch of leases as harel_ack_many describes, then
+-- lease up to p_limit groups less the leases it kept. Rows: kind 'a' per
+-- input, in input order (held, and the next head if kept, attempt 1),
+-- then kind 'c' per new lease. With p_rest (a stream's) its claim sweeps
+-- on a budget and not while the sweeps rest, so it may lease nothing
+-- while a group is claimable ("Going round" in 30_claim.sql); without, it
+-- leases something when anything is claimable. harel_ack_many calls this;
+-- harel_exchange is it without attempt, age and p_rest.
 CREATE OR REPLACE FUNCTION harel_exchange_leases(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -135,6 +118,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -151,11 +136,9 @@ DECLARE
     v_seqs    BIGINT[];
     v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
 BEGIN
-    -- Before the acks write: the frontier's next check is recorded only
-    -- by a transaction that holds no id yet (25_ready.sql).
-    PERFORM harel_ready_front();
-    -- The entry checks (15_checks.sql): a token and a lease end
-    -- only where they are used, by a claim or a kept lease.
+    PERFORM harel_ready_front();  -- before the acks take an id (25_ready.sql)
+    -- The entry checks (15_checks.sql): the token only where a claim uses
+    -- it, the lease end only where a claim or a keep does.
     IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
         PERFORM harel_refuse_token('harel_exchange');
     END IF;
@@ -172,7 +155,7 @@ BEGIN
             PERFORM harel_refuse_lengths('harel_exchange');
         END IF;
 
-        -- Each lease's next message, before any lock (see "Ack" above).
+        -- Each lease's next message, before any lock (the top of this file).
         SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
                array_agg(x.published_at ORDER BY x.i),
                count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
@@ -188,12 +171,9 @@ BEGIN
                          LIMIT 1) AS h ON true) AS x;
 
         -- Those that look drained and carry a state or are moving: the
-        -- guard's try-lock, then, in a statement after it, the fence that
-        -- deletes the row if still no other message (see the top of this
-        -- file). Every
-        -- statement here reaches the rows it changes by primary key, one
-        -- input at a time: no search of an array per row, so a batch of
-        -- thousands stays linear.
+        -- guard's try-lock, then the fence that deletes the row if still
+        -- no other message. Every statement here reaches its rows by
+        -- primary key, one input at a time, so a batch stays linear.
         IF v_drained THEN
             SELECT array_agg(x.locked ORDER BY x.i) INTO v_locked
               FROM (SELECT u.i, CASE WHEN u.first AND u.nxt IS NULL
@@ -209,10 +189,10 @@ BEGIN
             WITH gone AS (
                 DELETE FROM transport_groups AS g
                  USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
-                 WHERE a.locked AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> '' AND NOT g.paused
+                 WHERE a.locked AND g.group_id = ANY (ARRAY[a.gid]) AND g.locked_by = a.tok AND g.locked_by <> '' AND NOT g.paused
                    AND (g.delivered_seq IS NULL OR g.delivered_seq = a.s)
-                   AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)
-                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s)
+                   AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid OFFSET 0)
+                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = a.gid AND m.seq <> a.s OFFSET 0)
                 RETURNING a.i, g.group_id, a.s
             )
             SELECT array_agg(x.i), array_agg(false), array_agg(x.group_id), array_agg(x.s)
@@ -220,15 +200,13 @@ BEGIN
               FROM gone AS x;
         END IF;
 
-        -- The rest: the fence that frees the row, or extends it where kept,
+        -- The rest: the fence that frees the row, or keeps it, handing
+        -- the lease its next message (delivered_seq moves on, attempt 1),
         -- and marks it where drained (not a paused row, nor one with a
-        -- state: that one looked drained but was not deleted). A lease
-        -- to be freed must still have its message, as in harel_ack; one to
-        -- be kept need not: that is a retry of an ack that kept the group
-        -- and whose answer was lost (the group then already names the next
-        -- message as handed out), and it gets the same next message. A
-        -- kept lease is handed its next message: delivered_seq moves on
-        -- and the attempt is its first.
+        -- state). A lease to be freed must still have its message, as in
+        -- harel_ack; one to be kept need not: that is the retry of a keep
+        -- whose answer was lost (delivered_seq already names the next
+        -- message), and it gets the same next message.
         WITH fenced AS (
             UPDATE transport_groups AS g
                SET locked_by     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.locked_by END,
@@ -239,11 +217,11 @@ BEGIN
                    retry_at      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.retry_at END,
                    drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END
               FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
-             WHERE a.first AND g.group_id = a.gid AND g.locked_by = a.tok AND g.locked_by <> ''
+             WHERE a.first AND g.group_id = ANY (ARRAY[a.gid]) AND g.locked_by = a.tok AND g.locked_by <> ''
                AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)
-                     AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid))
+                     AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid OFFSET 0))
                     OR (a.keep AND a.nxt IS NOT NULL AND (g.delivered_seq IS NULL OR g.delivered_seq = a.nxt)
-                        AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid)))
+                        AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid OFFSET 0)))
             RETURNING a.i, a.keep AND a.nxt IS NOT NULL AND NOT g.paused AS kept, g.group_id, a.s
         )
         SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
@@ -252,10 +230,14 @@ BEGIN
           INTO v_at, v_kept, v_groups, v_seqs, v_nkept
           FROM fenced AS f;
 
-        -- The held leases' messages, by primary key, each with its own group.
+        -- The held leases' messages, each found by a probe of its own
+        -- (a LATERAL subquery with OFFSET 0 runs once a lease) and deleted
+        -- by its row address; see "Plans that probe" in 10_guard.sql.
         DELETE FROM transport_messages AS m
-         WHERE m.seq = ANY (v_seqs)
-           AND (m.seq, m.group_id) IN (SELECT * FROM unnest(v_seqs, v_groups));
+         WHERE m.ctid = ANY (ARRAY(SELECT x.ctid
+                                     FROM unnest(v_seqs, v_groups) AS u(s, gid),
+                                          LATERAL (SELECT n.ctid FROM transport_messages AS n
+                                                    WHERE n.seq = u.s AND n.group_id = u.gid OFFSET 0) AS x));
 
         RETURN QUERY
             SELECT 'a'::"char", a.gid, h.i IS NOT NULL,
@@ -274,7 +256,7 @@ END
 $$;
 
 -- harel_exchange is harel_exchange_leases without the attempt and age
--- columns (its result since version 4).
+-- columns.
 CREATE OR REPLACE FUNCTION harel_exchange(
     p_now          DOUBLE PRECISION,
     p_lease        DOUBLE PRECISION,
@@ -290,6 +272,8 @@ LANGUAGE sql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
     SELECT e.kind, e.group_id, e.held, e.seq, e.event
@@ -298,16 +282,14 @@ AS $$
      ORDER BY e.n
 $$;
 
--- harel_ack_claim is a blocking worker's step between two messages, in
--- one transaction (version 10): settle the lease p_token holds on p_group
+-- harel_ack_claim is a blocking worker's step between two messages (one
+-- transaction, one row): settle the lease p_token holds on p_group
 -- (message p_seq) and take the worker's next one. With p_keep and another
--- message in the group, the lease keeps the group for that message (as
--- harel_ack_many's keep: same token, lock_expiry = p_lease): kept, and
--- that message with attempt 1 and its age. Otherwise harel_ack settles it
--- (held as harel_ack answers; PT001 as harel_ack refuses) and
--- harel_claim_one leases the group served longest ago to p_new_token:
--- its head in group_id..age, or NULLs when nothing is claimable. One row.
--- Cheaper for one lease than harel_exchange, which is built for batches.
+-- message in the group, the lease keeps the group (as harel_ack_many's
+-- keep): kept, and that message with attempt 1 and its age. Otherwise
+-- harel_ack settles it (held, or PT001) and a claim of one leases a group
+-- to p_new_token: its head in group_id..age, or NULLs. Cheaper for one
+-- lease than harel_exchange, which is built for batches.
 CREATE OR REPLACE FUNCTION harel_ack_claim(
     p_group        TEXT,
     p_seq          BIGINT,
@@ -322,6 +304,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -333,9 +317,8 @@ BEGIN
     PERFORM harel_ready_front();  -- before the ack writes (as harel_exchange_leases)
     kept := false;
     IF p_keep THEN
-        -- The keep, for one lease, as harel_exchange_leases keeps (see
-        -- "Ack" above): the next message, read before any lock, then the
-        -- fence that keeps the row in its one write.
+        -- The keep, as harel_exchange_leases keeps: the next message,
+        -- read before any lock, then the fence that keeps the row.
         SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
           FROM transport_messages AS m
          WHERE m.group_id = p_group AND m.seq <> p_seq
@@ -366,14 +349,12 @@ END
 $$;
 
 -- harel_ack_many settles many leases in one round-trip, each fenced on its
--- own token: held is false (and nothing changed for it) where p_tokens[i]
--- no longer holds p_groups[i], and for every repeat of a group already
--- named earlier in the batch. A held lease's message is deleted. Then,
--- where p_keep[i] and the group has another message, the lease is kept
--- (same token, lock_expiry = p_lease) and that next head is returned in
--- next_seq/next_event; otherwise the group is freed with lock_expiry =
--- p_now, marked drained as harel_ack marks it. One row
--- per input, in input order. It is harel_exchange without the claim.
+-- own token, one row per input in input order: held is false (nothing
+-- changed) where p_tokens[i] no longer holds p_groups[i], and for a group
+-- named again. A held lease's message is deleted; where p_keep[i] and the
+-- group has another message the lease is kept (same token, lock_expiry =
+-- p_lease) and that head returned, else the group is freed as harel_ack
+-- frees it. It is harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(
     p_groups TEXT[],
     p_seqs   BIGINT[],
@@ -386,6 +367,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 #variable_conflict use_column

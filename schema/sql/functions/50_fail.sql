@@ -2,6 +2,92 @@
 -- failing (version 10): the retry, a stopped group's restart, and the dead
 -- letters.
 
+-- harel_bury moves messages (p_seqs[i] of p_groups[i]) to
+-- transport_dead_letters with their group's priority and attempts and
+-- p_error as the last error (or the message's own, where p_error is
+-- NULL), and returns their groups. The caller holds the group rows.
+CREATE OR REPLACE FUNCTION harel_bury(
+    p_groups TEXT[],
+    p_seqs   BIGINT[],
+    p_error  TEXT)
+RETURNS SETOF TEXT
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+    WITH gone AS (
+        DELETE FROM transport_messages AS m
+         USING unnest(p_groups, p_seqs) AS u(gid, s)
+         WHERE m.seq = u.s AND m.group_id = u.gid
+        RETURNING m.seq, m.group_id, m.event, m.published_at, m.last_error
+    ), moved AS (
+        INSERT INTO transport_dead_letters AS d
+               (seq, group_id, event, priority, attempts, last_error, published_at)
+        SELECT x.seq, x.group_id, x.event, COALESCE(g.priority, 0), COALESCE(g.attempts, 0),
+               COALESCE(p_error, x.last_error), x.published_at
+          FROM gone AS x
+          LEFT JOIN transport_groups AS g ON g.group_id = x.group_id
+        RETURNING d.group_id
+    )
+    SELECT m.group_id FROM moved AS m
+$$;
+
+-- harel_spend applies the queue's policy to heads about to be handed out
+-- again (p_heads[i], the head of p_groups[i], held by the caller): those
+-- whose group has handed them out max_attempts times already are
+-- dead-lettered (stopped false) or their groups stopped (stopped true:
+-- locked_by '', which no token matches, lock_expiry 'Infinity', which no
+-- claim reaches, until harel_restart_group). locked_by '' with a finite
+-- lock_expiry is a failed message's backoff (harel_fail): a park no
+-- token holds. A claim refuses an empty token (PT002), so '' is never a
+-- lease's. Returns those groups only; nothing when
+-- max_attempts is 0.
+CREATE OR REPLACE FUNCTION harel_spend(
+    p_groups TEXT[],
+    p_heads  BIGINT[])
+RETURNS TABLE (group_id TEXT, stopped BOOLEAN)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_max    INT;
+    v_stop   BOOLEAN;
+    v_groups TEXT[];
+    v_heads  BIGINT[];
+BEGIN
+    SELECT p.max_attempts, p.on_exhausted = 'stop' INTO v_max, v_stop
+      FROM transport_policy AS p WHERE p.id;
+    IF COALESCE(v_max, 0) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(g.group_id), array_agg(u.s) INTO v_groups, v_heads
+      FROM unnest(p_groups, p_heads) AS u(gid, s)
+      JOIN transport_groups AS g ON g.group_id = u.gid
+     WHERE g.delivered_seq = u.s AND g.attempts >= v_max;
+    IF v_groups IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_stop THEN
+        UPDATE transport_groups AS g
+           SET locked_by = '', lock_expiry = 'Infinity', retry_at = NULL
+         WHERE g.group_id = ANY (v_groups);
+        RETURN QUERY SELECT u.gid, true FROM unnest(v_groups) AS u(gid);
+    ELSE
+        RETURN QUERY SELECT b, false FROM harel_bury(v_groups, v_heads, NULL) AS b;
+    END IF;
+END
+$$;
+
 -- harel_fenced_attempts is the fence of a settle that names its message
 -- (harel_fail, harel_dead_letter, harel_snooze): the attempts of p_group's
 -- head if p_token holds p_group and p_seq is the message it was handed,
@@ -15,6 +101,8 @@ LANGUAGE sql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
     SELECT g.attempts
@@ -42,6 +130,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -96,6 +186,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -170,6 +262,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -206,6 +300,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -248,6 +344,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -273,6 +371,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -316,6 +416,8 @@ LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
     SELECT d.seq, d.group_id, d.event, d.priority, d.attempts, d.last_error, d.published_at, d.died_at
@@ -342,6 +444,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -419,6 +523,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE

@@ -15,6 +15,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -54,6 +56,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -86,6 +90,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 #variable_conflict use_column

@@ -34,6 +34,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
@@ -86,6 +88,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 BEGIN
@@ -130,6 +134,8 @@ LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
     SELECT COALESCE(

@@ -1,0 +1,13 @@
+-- 025_plans_that_probe.sql: no table changes. The message path's
+-- functions turn bitmap scans and merge joins off, and reach the queue's
+-- rows by probes the planner cannot trade for one read of a whole index
+-- ("Plans that probe" in functions/10_guard.sql): each EXISTS that names a
+-- row of its statement ends in OFFSET 0, the held leases' messages are
+-- found by a LATERAL probe each and deleted by row address, and joins of an
+-- input array to transport_groups compare group_id = ANY (ARRAY[...]). An
+-- ANALYZE that finds the messages table empty records 0 or 1 rows, and the
+-- plans made then read transport_messages_group end to end: under a held
+-- snapshot that held every exchange at 150-200 ms until the next ANALYZE,
+-- a minute later. The comments of 30_claim.sql and 40_ack.sql say what the
+-- code does now (the history is in docs/design.md), and the dead-letter
+-- helpers harel_bury and harel_spend moved to 50_fail.sql.
