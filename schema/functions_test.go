@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -35,14 +36,16 @@ var lockOnly = []string{"harel_hold_group", "harel_home"}
 var messagePath = []string{"20_publish.sql", "25_ready.sql", "30_claim.sql", "40_ack.sql", "50_fail.sql",
 	"55_keyed_publish.sql", "60_nack_extend.sql", "75_state.sql", "80_wakeups.sql"}
 
+var fileHead = regexp.MustCompile(`^-- (\d\d_\w+\.sql): `)
+
 // fileOf maps each function to the functions file that defines it, read
 // from the files' first lines ("-- NN_name.sql: ...") in schema.Functions.
 func fileOf() map[string]string {
 	files := map[string]string{}
 	file := ""
 	for _, l := range strings.Split(schema.Functions(), "\n") {
-		if name, _, ok := strings.Cut(strings.TrimPrefix(l, "-- "), ": "); ok && strings.HasPrefix(l, "-- ") && strings.HasSuffix(name, ".sql") && !strings.Contains(name, " ") {
-			file = name
+		if m := fileHead.FindStringSubmatch(l); m != nil {
+			file = m[1]
 		}
 		if fn, ok := strings.CutPrefix(l, "CREATE OR REPLACE FUNCTION "); ok {
 			fn, _, _ = strings.Cut(fn, "(")

@@ -69,11 +69,10 @@ func unboundedScans(plans []string) (bad []string, scans int) {
 // functions/10_guard.sql: with the statistics an ANALYZE records when it
 // finds the messages table empty (0 rows) or nearly so, the message path's
 // generic plans still bound every index scan of the queue's tables by the
-// index's leading column. Version 24 read transport_messages_group end to
-// end in five statements in this state (the exchange's acked-message delete,
-// its fence's EXISTS, its drained-row delete, the reap, the claim's
-// empty-row delete), and at 20 rows its fence hashed a full scan of
-// transport_groups_pkey.
+// index's leading column. On version 24 these calls read
+// transport_messages_group end to end in four statements at 0 and 1 rows
+// (the exchange's acked-message delete, its fence's EXISTS, the reap's pick
+// and its delete).
 func TestPlansProbeAnEmptyLookingQueue(t *testing.T) {
 	t.Parallel()
 	for _, left := range []int{0, 1, 20} {

@@ -779,8 +779,8 @@ SELECT g.group_id, g.priority
 -- row (PostgreSQL neither joins, hashes nor flattens such a subquery); and
 -- a statement that joins an input array to transport_groups compares
 -- group_id = ANY (ARRAY[...]), which no hash join can use, so the primary
--- key is probed once an input (a hash join had read all of it: 2,800-3,500
--- buffers a fence in a fresh queue's first minutes).
+-- key is probed once an input (with merge joins off, a fence planned at
+-- 20 rows analyzed had hashed a read of all of it).
 -- The inlined helpers pin none and are LANGUAGE sql, one expression each:
 -- the planner then inlines them into the calling statement, where they run
 -- under their caller's settings at no per-call cost; a SET clause, or any
