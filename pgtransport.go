@@ -24,6 +24,8 @@ const (
 	DefaultIdleSweep = time.Second
 	// DefaultMaxKeep is Config.MaxKeep's value when it is 0.
 	DefaultMaxKeep = 16
+	// DefaultKeepWhileWaiting is Config.KeepWhileWaiting's value when it is 0.
+	DefaultKeepWhileWaiting = 4
 	// MaxBatch bounds the messages of one round-trip: of ClaimMany and
 	// AckMany, and a stream's MaxInFlight. PublishMany sends a longer
 	// batch in chunks of MaxBatch, in one transaction.
@@ -323,6 +325,16 @@ type Config struct {
 	// Higher: more throughput on hot groups, a longer wait for the others.
 	// 0 means DefaultMaxKeep; -1 never keeps.
 	MaxKeep int
+
+	// KeepWhileWaiting bounds how many messages of one group a lease may
+	// take in a row while another group waits to be claimed: past it, an
+	// ack that would keep the group frees it instead, behind the waiting
+	// ones. So a group that becomes claimable waits for about the claimable
+	// groups ahead of it times KeepWhileWaiting hand-outs (doc.go,
+	// "Round-robin"). Lower is fairer and, under a backlog over many
+	// groups, slower: 1 yields at once, so that every message is a claim.
+	// 0 means DefaultKeepWhileWaiting; MaxKeep or more never yields.
+	KeepWhileWaiting int
 
 	// Policy, if set, is applied on open as SetPolicy applies it: the
 	// queue's policy (attempts, retry backoff, what an exhausted head

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/pgtransport/pgtransport"
 )
 
 func (res result) median() float64 { return median(res.runs) }
@@ -176,14 +178,19 @@ func (r *runner) table() string {
 	}
 	if r.has("fairness") {
 		b.WriteString("\n### How long a claimable group waits (1,000 groups of 30 messages and 20 hot ones of 300; one stream, 64 in flight)\n\n")
-		b.WriteString("From the ack that left a group claimable to its next lease; claims: hand-outs of other groups meanwhile. A kept lease waits only for its ack.\n\n")
-		b.WriteString("| p99 ms | max ms | p99 claims | max claims |\n| ---: | ---: | ---: | ---: |\n")
-		var cells []string
-		for _, v := range []string{"p99-ms", "max-ms", "p99-claims", "max-claims"} {
-			res, _ := r.find("fairness", "async", v, 64, 1_000)
-			cells = append(cells, figure(res))
+		b.WriteString("From the ack that left a group claimable to its next lease; claims: hand-outs of other groups meanwhile. A kept lease waits only for its ack. KeepWhileWaiting: how many messages in a row a lease may keep its group while another waits (MaxKeep, 16: keeps never yield, the order before schema version 26).\n\n")
+		b.WriteString("| KeepWhileWaiting | p99 ms | max ms | p99 claims | max claims |\n| ---: | ---: | ---: | ---: | ---: |\n")
+		for _, kw := range fairnessKeeps {
+			cells := []string{fmt.Sprint(kw)}
+			if kw == pgtransport.DefaultKeepWhileWaiting {
+				cells[0] += " (default)"
+			}
+			for _, m := range fairnessMetrics {
+				res, _ := r.find("fairness", "async", fairnessVariant(m, kw), fairInFlight, fairGroups)
+				cells = append(cells, figure(res))
+			}
+			fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 		}
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 	}
 	if r.has("latency") {
 		b.WriteString("\n### Publish-to-receive latency into an idle async consumer (ms)\n\n")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
@@ -137,57 +138,90 @@ func explain(ctx context.Context, tx pgx.Tx, q string, args ...any) (explained, 
 // with messages (its previous lease's end) to its next lease, in ms and in
 // hand-outs of other groups meanwhile (from the ack's start, so a wait
 // includes the ack's round-trip). A kept lease (the stream's keep,
-// up to Config.MaxKeep messages in a row) is a hand-out with no wait.
+// up to Config.MaxKeep messages in a row) is a hand-out with no wait. Run
+// with Config.KeepWhileWaiting at each of fairnessKeeps: the default, 1,
+// and MaxKeep (keeps never yield: the order before version 26).
 func (r *runner) fairness(ctx context.Context) error {
-	const groups, depth, hot, hotDepth, inFlight = 1_000, 30, 20, 300, 64
-	db, err := pgtest.Open(inFlight + 4)
+	db, err := pgtest.Open(fairInFlight + 4)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	tr, err := async.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema})
-	if err != nil {
-		return err
-	}
-	defer tr.Close()
+	trs := map[int]*async.Transport{}
 	res := map[string]*result{}
-	for _, v := range []string{"p99-ms", "max-ms", "p99-claims", "max-claims"} {
-		res[v] = &result{suite: "fairness", system: "async", variant: v, workers: inFlight, groups: groups, unit: strings.SplitN(v, "-", 2)[1]}
-	}
-	for run := range r.s.runs {
-		r.progress("fairness   run %d/%d", run+1, r.s.runs)
-		if err := emptyQueue(ctx, db.Pool); err != nil {
-			return err
-		}
-		if _, err := db.Pool.Exec(ctx, `
-			INSERT INTO transport_messages (group_id, event)
-			SELECT 'g' || g, i::text FROM generate_series(1, $1) AS i, generate_series(0, $2 - 1) AS g
-			 WHERE i <= $3 OR g < $4 ORDER BY i, g`, hotDepth, groups, depth, hot); err != nil {
-			return err
-		}
-		if _, err := db.Pool.Exec(ctx, `INSERT INTO transport_groups (group_id) SELECT DISTINCT group_id FROM transport_messages ON CONFLICT DO NOTHING; ANALYZE transport_groups`); err != nil {
-			return err
-		}
-		total := int64(groups*depth + hot*(hotDepth-depth))
-		waits, err := fairnessRun(ctx, tr, inFlight, total)
+	for _, kw := range fairnessKeeps {
+		tr, err := async.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, KeepWhileWaiting: kw})
 		if err != nil {
 			return err
 		}
-		ms := make([]float64, len(waits))
-		claims := make([]float64, len(waits))
-		for i, w := range waits {
-			ms[i], claims[i] = float64(w.d)/float64(time.Millisecond), float64(w.others)
+		defer tr.Close()
+		trs[kw] = tr
+		for _, m := range fairnessMetrics {
+			v := fairnessVariant(m, kw)
+			res[v] = &result{suite: "fairness", system: "async", variant: v, workers: fairInFlight, groups: fairGroups, unit: strings.SplitN(m, "-", 2)[1]}
 		}
-		slices.Sort(ms)
-		slices.Sort(claims)
-		p99 := func(v []float64) float64 { return v[len(v)*99/100] }
-		res["p99-ms"].runs = append(res["p99-ms"].runs, p99(ms))
-		res["max-ms"].runs = append(res["max-ms"].runs, ms[len(ms)-1])
-		res["p99-claims"].runs = append(res["p99-claims"].runs, p99(claims))
-		res["max-claims"].runs = append(res["max-claims"].runs, claims[len(claims)-1])
 	}
-	for _, v := range []string{"p99-ms", "max-ms", "p99-claims", "max-claims"} {
-		r.add(*res[v])
+	for run := range r.s.runs {
+		for _, kw := range fairnessKeeps {
+			if err := r.fairnessOnce(ctx, db.Pool, trs[kw], kw, res, run); err != nil {
+				return err
+			}
+		}
+	}
+	for _, kw := range fairnessKeeps {
+		for _, m := range fairnessMetrics {
+			r.add(*res[fairnessVariant(m, kw)])
+		}
+	}
+	return nil
+}
+
+// The fairness suite's queue: fairGroups groups of fairDepth messages, the
+// first fairHot of them fairHotDepth deep, drained by one stream of
+// fairInFlight.
+const fairGroups, fairDepth, fairHot, fairHotDepth, fairInFlight = 1_000, 30, 20, 300, 64
+
+// fairnessKeeps are the Config.KeepWhileWaiting values the fairness suite
+// compares, and fairnessMetrics what it reports of each.
+var (
+	fairnessKeeps   = []int{pgtransport.DefaultKeepWhileWaiting, 1, pgtransport.DefaultMaxKeep}
+	fairnessMetrics = []string{"p99-ms", "max-ms", "p99-claims", "max-claims"}
+)
+
+func fairnessVariant(metric string, keepWhileWaiting int) string {
+	return fmt.Sprintf("%s/kw%d", metric, keepWhileWaiting)
+}
+
+// fairnessOnce is one run of the fairness suite through tr, whose
+// KeepWhileWaiting is kw: its figures are added to res.
+func (r *runner) fairnessOnce(ctx context.Context, pool *pgxpool.Pool, tr *async.Transport, kw int, res map[string]*result, run int) error {
+	r.progress("fairness   KeepWhileWaiting=%d run %d/%d", kw, run+1, r.s.runs)
+	if err := emptyQueue(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO transport_messages (group_id, event)
+		SELECT 'g' || g, i::text FROM generate_series(1, $1) AS i, generate_series(0, $2 - 1) AS g
+		 WHERE i <= $3 OR g < $4 ORDER BY i, g`, fairHotDepth, fairGroups, fairDepth, fairHot); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO transport_groups (group_id) SELECT DISTINCT group_id FROM transport_messages ON CONFLICT DO NOTHING; ANALYZE transport_groups`); err != nil {
+		return err
+	}
+	waits, err := fairnessRun(ctx, tr, fairInFlight, int64(fairGroups*fairDepth+fairHot*(fairHotDepth-fairDepth)))
+	if err != nil {
+		return err
+	}
+	ms := make([]float64, len(waits))
+	claims := make([]float64, len(waits))
+	for i, w := range waits {
+		ms[i], claims[i] = float64(w.d)/float64(time.Millisecond), float64(w.others)
+	}
+	slices.Sort(ms)
+	slices.Sort(claims)
+	p99 := func(v []float64) float64 { return v[len(v)*99/100] }
+	for m, v := range map[string]float64{"p99-ms": p99(ms), "max-ms": ms[len(ms)-1], "p99-claims": p99(claims), "max-claims": claims[len(claims)-1]} {
+		res[fairnessVariant(m, kw)].runs = append(res[fairnessVariant(m, kw)].runs, v)
 	}
 	return nil
 }

@@ -52,19 +52,24 @@ func TestExtendMany(t *testing.T) {
 }
 
 // TestAckClaim: harel_ack_claim keeps a group that has another message
-// when asked (same token, that message next), else acks and claims the
-// group served longest ago for the new token; a lost lease is answered
-// held = false and the claim is made all the same.
+// when asked (same token, that message next; with p_keep NULL only while no
+// other group waits), else acks and claims the group that became claimable
+// first for the new token; a lost lease is answered held = false and the
+// claim is made all the same.
 func TestAckClaim(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
 	db := noClockBound(t, pgtest.New(t, 2))
 	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
 	c := db.Conn(t)
-	for _, g := range []string{"a", "a", "b"} {
-		_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, g)
-		is.NoErr(err)
+	publish := func(groups ...string) {
+		t.Helper()
+		for _, g := range groups {
+			_, err := c.Exec(ctx(t), `SELECT harel_publish($1, 'e', 0)`, g)
+			is.NoErr(err)
+		}
 	}
+	publish("a", "a", "a", "a")
 	var a1 int64
 	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim_one(1000, 1060, 'w:1')`).Scan(&a1)) // a's first
 	type step struct {
@@ -72,27 +77,36 @@ func TestAckClaim(t *testing.T) {
 		Group      *string
 		Seq        *int64
 	}
-	next := func(group string, seq int64, token string, keep bool, newToken string) step {
+	next := func(group string, seq int64, token string, keep *bool, newToken string) step {
 		t.Helper()
 		var s step
 		is.NoErr(c.QueryRow(ctx(t), `SELECT held, kept, group_id, seq FROM harel_ack_claim($1, $2, $3, $4, 1001, 1061, $5, 0)`,
 			group, seq, token, keep, newToken).Scan(&s.Held, &s.Kept, &s.Group, &s.Seq))
 		return s
 	}
-	s := next("a", a1, "w:1", true, "w:2")
-	is.True(s.Held && s.Kept) // a has another message: kept under w:1
+	yes, no := true, false
+	s := next("a", a1, "w:1", nil, "w:2")
+	is.True(s.Held && s.Kept) // a has another message and no group waits: kept under w:1
 	is.Equal(*s.Group, "a")
 	a2 := *s.Seq
 	var holder string
 	is.NoErr(c.QueryRow(ctx(t), `SELECT locked_by FROM transport_groups WHERE group_id = 'a'`).Scan(&holder))
 	is.Equal(holder, "w:1")
-	s = next("a", a2, "w:1", true, "w:3")
-	is.True(s.Held && !s.Kept) // drained: acked, then a claim for w:3
-	is.Equal(*s.Group, "b")
-	s = next("a", a2, "w:1", false, "w:4")
+	publish("b")
+	s = next("a", a2, "w:1", &yes, "w:9")
+	is.True(s.Held && s.Kept) // kept when asked, b waiting or not
+	a3 := *s.Seq
+	s = next("a", a3, "w:1", nil, "w:3")
+	is.True(s.Held && !s.Kept) // NULL: b waits, the keep yields, a is acked and freed
+	is.Equal(*s.Group, "b")    // and b, waiting longest, is claimed for w:3
+	b1 := *s.Seq
+	s = next("a", a3, "w:1", &no, "w:4")
 	is.True(!s.Held)        // already settled: lost
-	is.True(s.Group == nil) // and nothing left to claim
+	is.Equal(*s.Group, "a") // the claim is made all the same: a's fourth message
+	s = next("b", b1, "w:3", &yes, "w:5")
+	is.True(s.Held && !s.Kept) // drained: acked, then a claim for w:5
+	is.True(s.Group == nil)    // and nothing left to claim
 	var left int
 	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_messages`).Scan(&left))
-	is.Equal(left, 1) // b's, leased to w:3
+	is.Equal(left, 1) // a's fourth, leased to w:4
 }

@@ -106,6 +106,142 @@ func TestClaimsServeGroupsInTheOrderTheyBecameClaimable(t *testing.T) {
 	}
 }
 
+// TestKeepYieldsToWaitingGroups is the bound with keeps ("A keep yields"
+// in functions/40_ack.sql): consumers that ask to keep every lease for its
+// group's next message while no other group waits (p_keep NULL), up to
+// maxKeep in a row as the Go client does, so that a group that becomes
+// claimable (at its publish, or freed with messages left) is handed out
+// within as many hand-outs as there are groups, plus one more message of
+// each lease then held. Kept regardless (p_keep true, as before version
+// 26), each wait would be about maxKeep times that: a group freed after
+// its keeps waits for every group ahead of it to take maxKeep messages. Group g00 has three times the others' messages: once
+// it is left alone, none waits and its lease is kept.
+func TestKeepYieldsToWaitingGroups(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	const groups, depth, consumers, maxKeep = 12, 9, 3, 4
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('g' || lpad(i::text, 2, '0'), 'e', 0)
+	                            FROM generate_series(1, 3 * $2) AS r, generate_series(0, $1 - 1) AS i
+	                           WHERE i = 0 OR r <= $2`, groups, depth)
+	is.NoErr(err)
+	type lease struct {
+		group, token string
+		seq          int64
+		kept         int
+	}
+	var (
+		held    = make([]*lease, consumers)
+		left    = map[string]int{}
+		readyAt = map[string]int{} // hand-outs made when the group became claimable
+		handed  int
+		worst   int
+		kept    int
+		acked   int
+		now     = 1000.0
+	)
+	for g := range groups {
+		name := fmt.Sprintf("g%02d", g)
+		left[name], readyAt[name] = depth, 0
+	}
+	left["g00"] = 3 * depth
+	total := (groups + 2) * depth
+	handOut := func(group string) {
+		if at, ok := readyAt[group]; ok {
+			worst = max(worst, handed-at)
+			delete(readyAt, group)
+		}
+		handed++
+	}
+	for step := 0; acked < total; step++ {
+		is.True(step < 10*total) // the queue drains
+		k := step % consumers
+		now += 0.001
+		token := fmt.Sprintf("w%d:%d", k, step)
+		var gs, toks []string
+		var seqs []int64
+		var keep []*bool // NULL while it may keep: kept only while no group waits
+		if l := held[k]; l != nil {
+			gs, toks, seqs, keep = []string{l.group}, []string{l.token}, []int64{l.seq}, []*bool{nil}
+			if l.kept+1 >= maxKeep {
+				keep[0] = new(bool)
+			}
+		}
+		rows, err := c.Query(ctx(t), `SELECT kind::text, group_id, held, seq
+		                                FROM harel_exchange_leases($1::float8, $1::float8 + 60, $2, 0, 1, $3, $4, $5, $6)`,
+			now, token, gs, seqs, toks, keep)
+		is.NoErr(err)
+		type row struct {
+			Kind  string
+			Group string
+			Held  bool
+			Seq   *int64
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		is.NoErr(err)
+		for _, r := range got {
+			switch {
+			case r.Kind == "a":
+				is.True(r.Held) // every lease is acked while it holds
+				acked++
+				left[r.Group]--
+				l := held[k]
+				held[k] = nil
+				if r.Seq != nil {
+					kept++
+					held[k] = &lease{group: r.Group, token: l.token, seq: *r.Seq, kept: l.kept + 1}
+					handOut(r.Group)
+				} else if left[r.Group] > 0 {
+					readyAt[r.Group] = handed
+				}
+			default:
+				is.Equal(held[k], nil) // a claim only for a consumer that holds nothing
+				held[k] = &lease{group: r.Group, token: token, seq: *r.Seq}
+				handOut(r.Group)
+			}
+		}
+	}
+	t.Logf("worst wait %d hand-outs, %d of %d messages kept", worst, kept, total)
+	is.True(worst <= groups+consumers) // within the bound
+	is.True(kept > 0)                  // and kept where no group waited
+}
+
+// TestRetriedKeepKeepsWhileAGroupWaits: an exchange that kept a lease
+// (p_keep NULL, no group waiting) and whose answer was lost is sent again
+// as it was; by then another group waits, and the retry still keeps the
+// lease with the same next message ("A keep yields" in
+// functions/40_ack.sql), where yielding would free a group whose message
+// the holder was told nothing of.
+func TestRetriedKeepKeepsWhileAGroupWaits(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('a', 'a1', 0), harel_publish('a', 'a2', 0)`)
+	is.NoErr(err)
+	var a1 int64
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim_one(1000, 1060, 'w')`).Scan(&a1))
+	exchange := func() (held bool, next *int64) {
+		t.Helper()
+		is.NoErr(c.QueryRow(ctx(t), `SELECT held, seq FROM harel_exchange_leases(1001, 1061, NULL, 0, 0,
+		                               ARRAY['a'], ARRAY[$1::bigint], ARRAY['w'], ARRAY[NULL::boolean])`, a1).Scan(&held, &next))
+		return held, next
+	}
+	held, first := exchange()
+	is.True(held && first != nil) // kept: no group waits
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('b', 'b1', 0)`)
+	is.NoErr(err)
+	held, again := exchange()
+	is.True(held && again != nil) // the retry keeps, b waiting or not
+	is.Equal(*again, *first)      // with the same next message
+	var holder string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT locked_by FROM transport_groups WHERE group_id = 'a'`).Scan(&holder))
+	is.Equal(holder, "w")
+}
+
 // TestClaimAndAckAreHOT: a queue's working path (claims of one and of
 // many, acks, kept leases, extends) rewrites its group rows in place:
 // every update of transport_groups is HOT (no indexed column written; see

@@ -127,18 +127,19 @@ func ExampleTransport_PublishTx() {
 
 // AckNext serves a hot group at one round-trip per message: it acks and,
 // while the group has more, hands back its next message under the same
-// lease. After Config.MaxKeep messages in a row (3 here) it frees the
-// group, which then waits its turn behind the others.
+// lease. After Config.KeepWhileWaiting messages in a row (2 here) while
+// another group waits, or after Config.MaxKeep (3 here) in any case, it
+// frees the group, which then waits its turn behind the others.
 func ExampleTransport_AckNext() {
 	ctx := context.Background()
-	tr, err := pgsync.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{MaxKeep: 3})
+	tr, err := pgsync.FromDSN(ctx, os.Getenv("DATABASE_URL"), pgtransport.Config{MaxKeep: 3, KeepWhileWaiting: 2})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer tr.Close()
 
 	msgs := []pgtransport.Message{{Group: "other", Event: "event 1"}}
-	for i := 1; i <= 4; i++ {
+	for i := 1; i <= 6; i++ {
 		msgs = append(msgs, pgtransport.Message{Group: "hot", Event: fmt.Sprintf("event %d", i)})
 	}
 	if _, err := tr.PublishMany(ctx, msgs); err != nil {
@@ -164,7 +165,9 @@ func ExampleTransport_AckNext() {
 	// Output:
 	// hot event 1 (kept 0)
 	// hot event 2 (kept 1)
-	// hot event 3 (kept 2)
 	// other event 1 (kept 0)
-	// hot event 4 (kept 0)
+	// hot event 3 (kept 0)
+	// hot event 4 (kept 1)
+	// hot event 5 (kept 2)
+	// hot event 6 (kept 0)
 }

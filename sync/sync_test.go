@@ -118,6 +118,8 @@ func TestConfigErrors(t *testing.T) {
 		{"SchemaTooLong", pgtransport.Config{Schema: string(make([]byte, 64))}, pgtransport.ErrInvalidSchema},
 		{"ReservedSchema", pgtransport.Config{Schema: "pg_mine"}, pgtransport.ErrInvalidSchema},
 		{"NegativeEventLimit", pgtransport.Config{MaxEventBytes: -1}, pgtransport.ErrInvalidConfig},
+		{"MaxKeepBelowNever", pgtransport.Config{MaxKeep: -2}, pgtransport.ErrInvalidConfig},
+		{"NegativeKeepWhileWaiting", pgtransport.Config{KeepWhileWaiting: -1}, pgtransport.ErrInvalidConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)

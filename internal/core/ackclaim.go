@@ -51,7 +51,7 @@ func (c *Core) AckClaim(ctx context.Context, l *pgtransport.Lease, workerID stri
 		attempt    *int
 		age        *float64
 	)
-	err = db.QueryRow(ctx, c.q.ackClaim, c.now(), l.Group, l.Seq, l.Token, c.mayKeep(l), visibility.Seconds(), token, minPriority).
+	err = db.QueryRow(ctx, c.q.ackClaim, c.now(), l.Group, l.Seq, l.Token, c.keepFor(l), visibility.Seconds(), token, minPriority).
 		Scan(&held, &kept, &group, &seq, &event, &attempt, &age)
 	if err != nil {
 		err = mapErr("ack", err)

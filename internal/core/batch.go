@@ -282,13 +282,16 @@ func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 		return nil, nil, fmt.Errorf("exchange: %w: %d acks, limit %d, the bound is %d", pgtransport.ErrInvalidBatch, len(acks), limit, pgtransport.MaxBatch)
 	}
 	n := len(acks)
-	groups, seqs, tokens, keeps := make([]string, n), make([]int64, n), make([]string, n), make([]bool, n)
+	groups, seqs, tokens, keeps := make([]string, n), make([]int64, n), make([]string, n), make([]*bool, n)
 	for i, l := range acks {
 		if err := checkLease(l); err != nil {
 			return nil, nil, fmt.Errorf("exchange: lease %d: %w", i, err)
 		}
 		groups[i], seqs[i], tokens[i] = l.Group, l.Seq, l.Token
-		keeps[i] = keep && c.mayKeep(l)
+		keeps[i] = no
+		if keep {
+			keeps[i] = c.keepFor(l)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("exchange: %w", err)
@@ -377,6 +380,24 @@ func (c *Core) ReleasesAny(leases []*pgtransport.Lease) bool {
 // mayKeep reports whether an ack may keep l's group for one more message.
 func (c *Core) mayKeep(l *pgtransport.Lease) bool {
 	return c.cfg.MaxKeep > 0 && l.Kept+1 < c.cfg.MaxKeep
+}
+
+var yes, no = &[]bool{true}[0], &[]bool{false}[0]
+
+// keepFor is what an ack that may keep asks the database to do with l's
+// group (p_keep; "A keep yields" in schema/sql/functions/40_ack.sql):
+// keep it for its next message (true) while l has taken fewer than
+// Config.KeepWhileWaiting in a row, then keep it only while no other group
+// waits to be claimed (NULL), and free it (false) once it may not keep.
+func (c *Core) keepFor(l *pgtransport.Lease) *bool {
+	switch {
+	case !c.mayKeep(l):
+		return no
+	case l.Kept+1 < c.cfg.KeepWhileWaiting:
+		return yes
+	default:
+		return nil
+	}
 }
 
 func checkBatch(n int) error {

@@ -116,6 +116,9 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	if cfg.MaxKeep < -1 {
 		return cfg, fmt.Errorf("%w: MaxKeep %d, want -1 (never keep), 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.MaxKeep)
 	}
+	if cfg.KeepWhileWaiting < 0 {
+		return cfg, fmt.Errorf("%w: KeepWhileWaiting %d, want 0 (default) or more", pgtransport.ErrInvalidConfig, cfg.KeepWhileWaiting)
+	}
 	if cfg.Policy != nil {
 		if err := CheckPolicy(*cfg.Policy); err != nil {
 			return cfg, err
@@ -128,6 +131,7 @@ func Defaults(cfg pgtransport.Config) (pgtransport.Config, error) {
 	cfg.MaxConnectWait = cmp.Or(cfg.MaxConnectWait, pgtransport.DefaultMaxConnectWait)
 	cfg.IdleSweep = cmp.Or(cfg.IdleSweep, pgtransport.DefaultIdleSweep)
 	cfg.MaxKeep = cmp.Or(cfg.MaxKeep, pgtransport.DefaultMaxKeep)
+	cfg.KeepWhileWaiting = cmp.Or(cfg.KeepWhileWaiting, pgtransport.DefaultKeepWhileWaiting)
 	cfg.DedupWindow = cmp.Or(cfg.DedupWindow, pgtransport.DefaultDedupWindow)
 	return cfg, nil
 }

@@ -58,9 +58,9 @@ func TestObserverSeesEachCall(t *testing.T) {
 	_, err = c.Publish(ctx, "g", "e1", 0)
 	is.NoErr(err)
 	is.Equal(one("Published").N, 1) // Publish
-	_, err = c.PublishMany(ctx, []pgtransport.Message{{Group: "g", Event: "e2"}, {Group: "g", Event: "e3"}, {Group: "h", Event: "x"}})
+	_, err = c.PublishMany(ctx, []pgtransport.Message{{Group: "g", Event: "e2"}, {Group: "g", Event: "e3"}})
 	is.NoErr(err)
-	is.Equal(one("Published").N, 3) // PublishMany counts its messages
+	is.Equal(one("Published").N, 2) // PublishMany counts its messages
 
 	l, err := c.Claim(ctx, "w", time.Minute, 0)
 	is.NoErr(err)
@@ -72,7 +72,10 @@ func TestObserverSeesEachCall(t *testing.T) {
 	is.Equal(next.Event, "e2")
 	is.Equal(len(obs.Calls("")), 2) // AckNext: an ack...
 	is.Equal(obs.Calls("Acked")[0].N, 1)
-	is.Equal(one("Claimed").N, 1) // ...and the kept lease, a hand-out
+	is.Equal(one("Claimed").N, 1)        // ...and the kept lease, a hand-out
+	_, err = c.Publish(ctx, "h", "x", 0) // after the keep: a keep yields to a waiting group
+	is.NoErr(err)
+	is.Equal(one("Published").N, 1)
 
 	settled, claimed, err := c.Exchange(ctx, []*pgtransport.Lease{next}, false, "w", time.Minute, 0, 2)
 	is.NoErr(err)
@@ -82,21 +85,25 @@ func TestObserverSeesEachCall(t *testing.T) {
 	is.Equal(obs.Calls("Acked")[0].N, 1)
 	is.Equal(one("Claimed").N, 2)
 	obs.Reset()
+	g, h := claimed[0], claimed[1]
+	if g.Group != "g" {
+		g, h = h, g
+	}
 
-	is.NoErr(c.Ack(ctx, claimed[0]))
+	is.NoErr(c.Ack(ctx, g))
 	is.Equal(one("Acked").N, 1) // Ack
 
-	out, err := c.Fail(ctx, claimed[1], errors.New("boom"))
+	out, err := c.Fail(ctx, h, errors.New("boom"))
 	is.NoErr(err)
 	is.Equal(out, FailRetry)
 	f := one("Failed")
 	is.Equal(f.Outcome, pgtransport.OutcomeRetry) // Failed says what the queue did
-	is.Equal(f.Lease, claimed[1])
+	is.Equal(f.Lease, h)
 
-	err = c.Ack(ctx, claimed[0]) // acked already: its token holds nothing
+	err = c.Ack(ctx, g) // acked already: its token holds nothing
 	is.True(errors.Is(err, pgtransport.ErrLeaseLost))
 	is.Equal(len(obs.Calls("Acked")), 1)
-	is.Equal(obs.Calls("LeaseLost")[0].Lease, claimed[0]) // the lost lease, by name
+	is.Equal(obs.Calls("LeaseLost")[0].Lease, g) // the lost lease, by name
 	obs.Reset()
 
 	l, err = c.Claim(ctx, "w", time.Minute, 0) // nothing claimable: h is parked for its retry

@@ -27,6 +27,7 @@ var ackCases = []testCase{
 	{"AckManySettlesEachLeaseOnItsOwnFence", ackManySettlesEachLeaseOnItsOwnFence},
 	{"AckManySettlesRepeatedLeaseOnce", ackManySettlesRepeatedLeaseOnce},
 	{"AckNextKeepsHotGroupForMaxKeep", ackNextKeepsHotGroupForMaxKeep},
+	{"KeepYieldsToAWaitingGroup", keepYieldsToAWaitingGroup},
 	{"AckOfKeptLeasesEarlierMessageIsLost", ackOfKeptLeasesEarlierMessageIsLost},
 	{"AckOfSeqNotHandedOutIsLost", ackOfSeqNotHandedOutIsLost},
 	{"OverlappingPublishAck", overlappingPublishAck},
@@ -204,6 +205,37 @@ func ackNextKeepsHotGroupForMaxKeep(is *is.I, e *env) {
 	is.Equal(e.claim("w2", 0).Event, event("hot", taken))
 }
 
+// keepYieldsToAWaitingGroup: while another group waits to be claimed,
+// AckNext keeps a group for Config.KeepWhileWaiting messages in a row
+// (the default here), then yields: the message is acked, the group freed,
+// the waiting group served next and the hot group after it. The two share
+// a partition.
+func keepYieldsToAWaitingGroup(is *is.I, e *env) {
+	gs := e.local("hot", "late")
+	hot, late := gs[0], gs[1]
+	for i := range pgtransport.DefaultKeepWhileWaiting + 1 {
+		e.publish(hot, event("hot", i), 0)
+	}
+	l := e.claim("w", 0)
+	is.Equal(l.Event, event("hot", 0))
+	e.publish(late, "late", 0) // waits from now on
+	taken := 1
+	for {
+		next, err := e.tr.AckNext(e.ctx(), l, time.Minute)
+		is.NoErr(err)
+		if next == nil {
+			break
+		}
+		is.Equal(next.Event, event("hot", taken)) // kept, in order
+		l = next
+		taken++
+	}
+	is.Equal(taken, pgtransport.DefaultKeepWhileWaiting)                                     // then the keep yields
+	is.Equal(e.count(`SELECT count(*) FROM transport_messages WHERE group_id = $1`, hot), 1) // its last message acked
+	is.Equal(e.claim("w", 0).Group, late)                                                    // the waiting group first
+	is.Equal(e.claim("w", 0).Event, event("hot", taken))                                     // then the hot group's next message
+}
+
 // ackOfKeptLeasesEarlierMessageIsLost: an ack of a kept lease's earlier
 // message is lost and leaves the group held.
 func ackOfKeptLeasesEarlierMessageIsLost(is *is.I, e *env) {
@@ -305,19 +337,22 @@ func settlesGroupIDsFromBeforeTheRule(is *is.I, e *env) {
 	is.Equal(l.Group+"/"+l.Event, "/x")          // delivered
 	is.NoErr(tr.Extend(e.ctx(), l, time.Minute)) // extended
 	is.NoErr(tr.Nack(e.ctx(), l, 0))             // given back
-	l, err = tr.Claim(e.ctx(), "w", time.Minute, 0)
+	ls, err := tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 2)
 	is.NoErr(err)
+	is.Equal(len(ls), 2) // both groups
+	l, lo := ls[0], ls[1]
+	if l.Group != "" {
+		l, lo = lo, l
+	}
 	is.Equal(l.Group+"/"+l.Event, "/x")
-	next, err := tr.AckNext(e.ctx(), l, time.Minute)
-	is.NoErr(err) // acked, the group kept
-	is.Equal(next.Event, "y")
-	is.NoErr(tr.Ack(e.ctx(), next)) // acked, the group drained
-	l, err = tr.Claim(e.ctx(), "w", time.Minute, 0)
-	is.NoErr(err)
-	is.Equal(l.Group, long)
-	errs, err := tr.AckMany(e.ctx(), []*pgtransport.Lease{l})
+	is.Equal(lo.Group, long)
+	errs, err := tr.AckMany(e.ctx(), []*pgtransport.Lease{lo})
 	is.NoErr(err)
 	is.NoErr(errs[0]) // acked in a batch
+	next, err := tr.AckNext(e.ctx(), l, time.Minute)
+	is.NoErr(err) // acked, the group kept (no other waits)
+	is.Equal(next.Event, "y")
+	is.NoErr(tr.Ack(e.ctx(), next)) // acked, the group drained
 
 	_, err = tr.Publish(e.ctx(), "", "new", 0)
 	is.True(errors.Is(err, pgtransport.ErrInvalidGroup)) // publishing such a group is still refused
@@ -325,7 +360,7 @@ func settlesGroupIDsFromBeforeTheRule(is *is.I, e *env) {
 	is.NoErr(db.Pool.QueryRow(e.ctx(), `SELECT (SELECT count(*) FROM transport_messages) + (SELECT count(*) FROM transport_groups WHERE drained_at IS NULL)`).Scan(&n))
 	is.Equal(n, 0) // all delivered, nothing left behind
 
-	nul := *l
+	nul := *lo
 	nul.Group = "a\x00b"                                                // no PostgreSQL text holds a NUL
 	is.True(errors.Is(tr.Ack(e.ctx(), &nul), pgtransport.ErrLeaseLost)) // a lease that cannot exist
 }

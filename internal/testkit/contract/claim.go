@@ -226,8 +226,9 @@ func claimCleansUpStaleEmptyGroupRow(is *is.I, e *env) {
 // expiryIsByTheLocalClock: Lease.Expiry is by this process's clock, even
 // when the clock the statements use (here the injected one, standing for
 // the server's) is an hour off: time.Until(Expiry) is the time the lease
-// has left. The first claim must be a's (AckNext keeps it): a, b and c
-// share a partition.
+// has left. The first claim must be a's, and b and c are published after
+// AckNext keeps it (a keep yields to a waiting group): a, b and c share a
+// partition.
 func expiryIsByTheLocalClock(is *is.I, e *env) {
 	const vis = time.Minute
 	within := func(l *pgtransport.Lease, what string) {
@@ -242,8 +243,6 @@ func expiryIsByTheLocalClock(is *is.I, e *env) {
 		e.clock.Advance(time.Now().Add(skew).Sub(e.clock.Now())) // the "server" is skew off
 		e.publish(gs[0], "a1", 0)
 		e.publish(gs[0], "a2", 0)
-		e.publish(gs[1], "b1", 0)
-		e.publish(gs[2], "c1", 0)
 
 		l, err := e.tr.Claim(e.ctx(), "w", vis, 0)
 		is.NoErr(err)
@@ -252,6 +251,8 @@ func expiryIsByTheLocalClock(is *is.I, e *env) {
 		is.NoErr(err)
 		is.True(next != nil) // a2 under the same lease
 		within(next, "AckNext")
+		e.publish(gs[1], "b1", 0)
+		e.publish(gs[2], "c1", 0)
 		is.NoErr(e.tr.Ack(e.ctx(), next))
 
 		many, err := e.tr.ClaimMany(e.ctx(), "w", vis, 0, 1)

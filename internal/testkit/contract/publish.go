@@ -190,18 +190,16 @@ func batchBadInputWritesNothing(is *is.I, e *env) {
 
 // publishedAtIsByTheLocalClock: a lease's PublishedAt is when the message
 // was published by this process's clock, whatever the clock the
-// statements use (the case's is years off); zero when unknown. The first
-// claim must be g's (AckNext keeps it): never-served groups go in arrival
-// order, on partitions among one partition's, which g, h and p share.
+// statements use (the case's is years off); zero when unknown. AckNext
+// keeps g while no other group waits: h and p are published after it, and
+// then handed out in arrival order (on partitions among one partition's,
+// which g, h and p share).
 func publishedAtIsByTheLocalClock(is *is.I, e *env) {
 	gs := e.local("g", "h", "p")
 	g, h, p := gs[0], gs[1], gs[2]
 	before := time.Now()
 	e.publish(g, "g1", 0)
 	e.publish(g, "g2", 0)
-	e.publish(h, "h1", 0)
-	e.execAt(p, `INSERT INTO transport_messages (group_id, event) VALUES ($1, 'plain')`, p) // the design's two-INSERT publish
-	e.execAt(p, `INSERT INTO transport_groups (group_id) VALUES ($1) ON CONFLICT DO NOTHING`, p)
 	after := time.Now()
 	within := func(l *pgtransport.Lease, what string) {
 		e.t.Helper()
@@ -217,6 +215,10 @@ func publishedAtIsByTheLocalClock(is *is.I, e *env) {
 	next, err := e.tr.AckNext(e.ctx(), l, time.Minute)
 	is.NoErr(err)
 	within(next, "AckNext") // a kept lease
+	e.publish(h, "h1", 0)
+	e.execAt(p, `INSERT INTO transport_messages (group_id, event) VALUES ($1, 'plain')`, p) // the design's two-INSERT publish
+	e.execAt(p, `INSERT INTO transport_groups (group_id) VALUES ($1) ON CONFLICT DO NOTHING`, p)
+	after = time.Now()
 	e.ack(next)
 	ls, err := e.tr.ClaimMany(e.ctx(), "w", time.Minute, 0, 1)
 	is.NoErr(err)

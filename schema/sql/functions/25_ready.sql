@@ -157,3 +157,31 @@ BEGIN
     RETURN v_front;
 END
 $$;
+
+-- harel_ready_waits says whether a group other than p_except's waits in the
+-- ready log from p_front on at or above p_min_priority: an entry whose
+-- group no lease holds at p_now (a kept group's own entries, and those of
+-- groups a sweep leased since, are stale). A keep yields to it
+-- (functions/40_ack.sql, "A keep yields"). It reads entries from the
+-- frontier up to the first such one, as a claim does.
+CREATE OR REPLACE FUNCTION harel_ready_waits(
+    p_front        BIGINT,
+    p_min_priority INT,
+    p_now          DOUBLE PRECISION,
+    p_except       TEXT[])
+RETURNS BOOLEAN
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM transport_ready AS r
+                    WHERE r.rseq >= p_front AND r.priority >= p_min_priority AND r.group_id <> ALL (p_except)
+                      AND NOT EXISTS (SELECT 1 FROM transport_groups AS g
+                                       WHERE g.group_id = r.group_id AND g.locked_by IS NOT NULL AND g.lock_expiry >= p_now OFFSET 0));
+END
+$$;

@@ -14,6 +14,17 @@
 -- as the policy says (75_state.sql), and a moving group's on a partition of
 -- a growing cluster, whose next publish goes to its new home
 -- (90_growing.sql).
+--
+-- A keep yields. p_keep asks, per lease, to keep its group for its next
+-- message: true keeps it; NULL keeps it only while no other group waits in
+-- the ready log at or above the caller's floor (harel_ready_waits), and
+-- else frees it, its new entry behind the waiting ones; false frees it.
+-- The Go client asks NULL past Config.KeepWhileWaiting messages in a row
+-- (default 4) and false at Config.MaxKeep, so a group that becomes
+-- claimable waits for the groups before it in the log, each taking at most
+-- KeepWhileWaiting messages; with NULL from the first, at most one more
+-- message of each lease then held (TestKeepYieldsToWaitingGroups). The
+-- retry of a keep whose answer was lost keeps, waiting groups or not.
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group and message p_seq is still there; then it deletes the
@@ -135,14 +146,17 @@ DECLARE
     v_groups  TEXT[];    -- and their groups and acked messages
     v_seqs    BIGINT[];
     v_nkept   INT := 0;  -- leases kept: each takes a slot of p_limit
+    v_keep    BOOLEAN[]; -- per input: kept if held
+    v_front   BIGINT := harel_ready_front();  -- before the acks take an id (25_ready.sql)
+    v_yield   BOOLEAN;   -- a group waits: keeps yield (the top of this file)
 BEGIN
-    PERFORM harel_ready_front();  -- before the acks take an id (25_ready.sql)
+    v_yield := array_position(p_keep, NULL) IS NOT NULL AND harel_ready_waits(v_front, p_min_priority, p_now, p_groups);
     -- The entry checks (15_checks.sql): the token only where a claim uses
     -- it, the lease end only where a claim or a keep does.
     IF p_limit > 0 AND (p_token IS NULL OR p_token = '') THEN
         PERFORM harel_refuse_token('harel_exchange');
     END IF;
-    IF (p_limit > 0 OR true = ANY (p_keep)) AND (p_lease IS NULL OR p_lease <= p_now) THEN
+    IF (p_limit > 0 OR true = ANY (p_keep) OR array_position(p_keep, NULL) IS NOT NULL) AND (p_lease IS NULL OR p_lease <= p_now) THEN
         PERFORM harel_refuse_lease('harel_exchange', p_lease, p_now);
     END IF;
     IF harel_clock_skewed(p_now) THEN
@@ -155,14 +169,20 @@ BEGIN
             PERFORM harel_refuse_lengths('harel_exchange');
         END IF;
 
-        -- Each lease's next message, before any lock (the top of this file).
+        -- Each lease's next message, before any lock (the top of this file),
+        -- and whether it is kept: asked to be, with a next message, and no
+        -- group waiting but for the retry of a keep, whose message is gone.
         SELECT array_agg(x.first ORDER BY x.i), array_agg(x.seq ORDER BY x.i), array_agg(x.event ORDER BY x.i),
-               array_agg(x.published_at ORDER BY x.i),
+               array_agg(x.published_at ORDER BY x.i), array_agg(x.keep ORDER BY x.i),
                count(*) FILTER (WHERE x.first AND x.seq IS NULL) > 0
-          INTO v_first, v_next, v_events, v_pubs, v_drained
+          INTO v_first, v_next, v_events, v_pubs, v_keep, v_drained
           FROM (SELECT u.i, h.seq, h.event, h.published_at,
-                       row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first
-                  FROM unnest(p_groups, p_seqs) WITH ORDINALITY AS u(gid, s, i)
+                       row_number() OVER (PARTITION BY u.gid ORDER BY u.i) = 1 AS first,
+                       CASE WHEN u.k IS NOT false AND h.seq IS NOT NULL
+                            THEN COALESCE(u.k OR NOT v_yield OR NOT EXISTS (SELECT 1 FROM transport_messages AS m
+                                                                             WHERE m.seq = u.s AND m.group_id = u.gid OFFSET 0), false)
+                            ELSE false END AS keep
+                  FROM unnest(p_groups, p_seqs, p_keep) WITH ORDINALITY AS u(gid, s, k, i)
                   LEFT JOIN LATERAL (
                         SELECT m.seq, m.event, m.published_at
                           FROM transport_messages AS m
@@ -209,20 +229,20 @@ BEGIN
         -- message), and it gets the same next message.
         WITH fenced AS (
             UPDATE transport_groups AS g
-               SET locked_by     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.locked_by END,
-                   lock_expiry   = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_lease ELSE p_now END,
-                   delivered_seq = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
-                   attempts      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN 1 ELSE g.attempts END,
-                   leased_at     = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN p_now ELSE g.leased_at END,
-                   retry_at      = CASE WHEN a.keep AND a.nxt IS NOT NULL AND NOT g.paused THEN g.retry_at END,
+               SET locked_by     = CASE WHEN a.keep AND NOT g.paused THEN g.locked_by END,
+                   lock_expiry   = CASE WHEN a.keep AND NOT g.paused THEN p_lease ELSE p_now END,
+                   delivered_seq = CASE WHEN a.keep AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
+                   attempts      = CASE WHEN a.keep AND NOT g.paused THEN 1 ELSE g.attempts END,
+                   leased_at     = CASE WHEN a.keep AND NOT g.paused THEN p_now ELSE g.leased_at END,
+                   retry_at      = CASE WHEN a.keep AND NOT g.paused THEN g.retry_at END,
                    drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END
-              FROM unnest(p_groups, p_seqs, p_tokens, p_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
+              FROM unnest(p_groups, p_seqs, p_tokens, v_keep, v_next, v_first) WITH ORDINALITY AS a(gid, s, tok, keep, nxt, first, i)
              WHERE a.first AND g.group_id = ANY (ARRAY[a.gid]) AND g.locked_by = a.tok AND g.locked_by <> ''
                AND (((g.delivered_seq IS NULL OR g.delivered_seq = a.s)
                      AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid OFFSET 0))
-                    OR (a.keep AND a.nxt IS NOT NULL AND (g.delivered_seq IS NULL OR g.delivered_seq = a.nxt)
+                    OR (a.keep AND (g.delivered_seq IS NULL OR g.delivered_seq = a.nxt)
                         AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = a.s AND m.group_id = a.gid OFFSET 0)))
-            RETURNING a.i, a.keep AND a.nxt IS NOT NULL AND NOT g.paused AS kept, g.group_id, a.s
+            RETURNING a.i, g.locked_by IS NOT NULL AS kept, g.group_id, a.s
         )
         SELECT COALESCE(v_at, '{}') || array_agg(f.i), COALESCE(v_kept, '{}') || array_agg(f.kept),
                COALESCE(v_groups, '{}') || array_agg(f.group_id), COALESCE(v_seqs, '{}') || array_agg(f.s),
@@ -284,9 +304,9 @@ $$;
 
 -- harel_ack_claim is a blocking worker's step between two messages (one
 -- transaction, one row): settle the lease p_token holds on p_group
--- (message p_seq) and take the worker's next one. With p_keep and another
--- message in the group, the lease keeps the group (as harel_ack_many's
--- keep): kept, and that message with attempt 1 and its age. Otherwise
+-- (message p_seq) and take the worker's next one. With p_keep (NULL: and
+-- no group waiting, "A keep yields") and another message in the group, the
+-- lease keeps the group (as harel_ack_many's keep): kept, and that message with attempt 1 and its age. Otherwise
 -- harel_ack settles it (held, or PT001) and a claim of one leases a group
 -- to p_new_token: its head in group_id..age, or NULLs. Cheaper for one
 -- lease than harel_exchange, which is built for batches.
@@ -313,12 +333,13 @@ DECLARE
     v_seq   BIGINT;
     v_event TEXT;
     v_pub   TIMESTAMPTZ;
+    v_front BIGINT;
 BEGIN
-    PERFORM harel_ready_front();  -- before the ack writes (as harel_exchange_leases)
+    v_front := harel_ready_front();  -- before the ack writes (as harel_exchange_leases)
     kept := false;
-    IF p_keep THEN
-        -- The keep, as harel_exchange_leases keeps: the next message,
-        -- read before any lock, then the fence that keeps the row.
+    IF p_keep OR (p_keep IS NULL AND NOT harel_ready_waits(v_front, p_min_priority, p_now, ARRAY[p_group])) THEN
+        -- The keep, as harel_exchange_leases keeps (no group waits): the
+        -- next message, read before any lock, then the fence that keeps it.
         SELECT m.seq, m.event, m.published_at INTO v_seq, v_event, v_pub
           FROM transport_messages AS m
          WHERE m.group_id = p_group AND m.seq <> p_seq
@@ -351,8 +372,9 @@ $$;
 -- harel_ack_many settles many leases in one round-trip, each fenced on its
 -- own token, one row per input in input order: held is false (nothing
 -- changed) where p_tokens[i] no longer holds p_groups[i], and for a group
--- named again. A held lease's message is deleted; where p_keep[i] and the
--- group has another message the lease is kept (same token, lock_expiry =
+-- named again. A held lease's message is deleted; where p_keep[i] (NULL:
+-- and no group waiting, "A keep yields") and the group has another message
+-- the lease is kept (same token, lock_expiry =
 -- p_lease) and that head returned, else the group is freed as harel_ack
 -- frees it. It is harel_exchange without the claim.
 CREATE OR REPLACE FUNCTION harel_ack_many(

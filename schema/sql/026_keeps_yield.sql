@@ -1,0 +1,12 @@
+-- 026_keeps_yield.sql: no table changes. A keep may yield to waiting
+-- groups (functions/40_ack.sql, "A keep yields"): where p_keep is NULL,
+-- harel_exchange_leases, harel_exchange, harel_ack_many and harel_ack_claim
+-- keep a lease's group for its next message only while no other group
+-- waits in the ready log at or above the caller's floor
+-- (functions/25_ready.sql, harel_ready_waits); otherwise they free it, as
+-- an ack with p_keep false does, and its entry goes behind the waiting
+-- ones. p_keep true keeps as before (until now NULL freed). The Go client
+-- passes NULL past Config.KeepWhileWaiting messages in a row: a group that
+-- became claimable waited for up to Config.MaxKeep messages of every kept
+-- lease ahead of it (14,400 hand-outs at the 99th percentile in bench
+-- -only fairness, over 1,000 groups).
