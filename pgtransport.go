@@ -321,8 +321,9 @@ type Config struct {
 	// MaxKeep bounds how many messages of one group a lease may take in a
 	// row when an ack keeps it (sync AckNext; async streams always try):
 	// a hot group is served without a claim per message, and after MaxKeep
-	// it goes back to the round-robin, so other groups are not starved.
-	// Higher: more throughput on hot groups, a longer wait for the others.
+	// (KeepWhileWaiting while another group waits) it goes back to the
+	// round-robin, so other groups are not starved. Higher: more
+	// throughput on hot groups, a longer wait for the others.
 	// 0 means DefaultMaxKeep; -1 never keeps.
 	MaxKeep int
 

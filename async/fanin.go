@@ -19,7 +19,8 @@ import (
 // last one (Transport.Ack on a lease from a stream joins that batch; its
 // channel delivers once the batch commits) and claims as many groups as
 // it has free slots, in one transaction. An acked lease whose group has
-// more messages is kept, up to Config.MaxKeep in a row, and the group's
+// more messages is kept, up to Config.MaxKeep in a row (KeepWhileWaiting
+// while another group waits to be claimed), and the group's
 // next message is delivered under the same token without a new claim.
 //
 // It holds at most MaxInFlight leases: a lease counts from its claim until

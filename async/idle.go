@@ -97,8 +97,10 @@ func (w *idleState) sleeps(acks, free int, now time.Time) bool {
 }
 
 // limit is how many leases a round-trip may claim with free slots. A dry
-// stream settles (and keeps) only, unless an ack frees a group: then it
-// claims, as that group may be claimable again.
+// stream settles (and keeps) only, unless an ack frees a group for sure
+// (Core.ReleasesAny): then it claims, as that group may be claimable
+// again. An ack whose keep yields to a waiting group frees one too; the
+// stream learns it from the answer and claims on its next round-trip.
 func (w *idleState) limit(free int, freesGroup bool) int {
 	if w.phase == dry && !freesGroup {
 		return 0

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/async"
@@ -147,15 +146,8 @@ func (r *runner) fairness(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = db.Drop() }()
-	trs := map[int]*async.Transport{}
 	res := map[string]*result{}
 	for _, kw := range fairnessKeeps {
-		tr, err := async.New(ctx, db.Pool, pgtransport.Config{Schema: db.Schema, KeepWhileWaiting: kw})
-		if err != nil {
-			return err
-		}
-		defer tr.Close()
-		trs[kw] = tr
 		for _, m := range fairnessMetrics {
 			v := fairnessVariant(m, kw)
 			res[v] = &result{suite: "fairness", system: "async", variant: v, workers: fairInFlight, groups: fairGroups, unit: strings.SplitN(m, "-", 2)[1]}
@@ -163,7 +155,7 @@ func (r *runner) fairness(ctx context.Context) error {
 	}
 	for run := range r.s.runs {
 		for _, kw := range fairnessKeeps {
-			if err := r.fairnessOnce(ctx, db.Pool, trs[kw], kw, res, run); err != nil {
+			if err := r.fairnessOnce(ctx, db, kw, res, run); err != nil {
 				return err
 			}
 		}
@@ -192,10 +184,17 @@ func fairnessVariant(metric string, keepWhileWaiting int) string {
 	return fmt.Sprintf("%s/kw%d", metric, keepWhileWaiting)
 }
 
-// fairnessOnce is one run of the fairness suite through tr, whose
-// KeepWhileWaiting is kw: its figures are added to res.
-func (r *runner) fairnessOnce(ctx context.Context, pool *pgxpool.Pool, tr *async.Transport, kw int, res map[string]*result, run int) error {
+// fairnessOnce is one run of the fairness suite through a transport of
+// its own (none other open) whose KeepWhileWaiting is kw: its figures are
+// added to res.
+func (r *runner) fairnessOnce(ctx context.Context, db *pgtest.DB, kw int, res map[string]*result, run int) error {
 	r.progress("fairness   KeepWhileWaiting=%d run %d/%d", kw, run+1, r.s.runs)
+	pool := db.Pool
+	tr, err := async.New(ctx, pool, pgtransport.Config{Schema: db.Schema, KeepWhileWaiting: kw})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
 	if err := emptyQueue(ctx, pool); err != nil {
 		return err
 	}

@@ -138,8 +138,9 @@ func TestPlansProbeAnEmptyLookingQueue(t *testing.T) {
 			}
 			now := `extract(epoch FROM clock_timestamp())::float8`
 			// A stream's claim of 64, then its exchange that acks them,
-			// keeping every other one (groups with a message left keep,
-			// drained ones are marked).
+			// asking a third to keep, a third to keep while no group
+			// waits (harel_ready_waits) and a third to free (groups with a
+			// message left keep, drained ones are marked).
 			var groups []string
 			var seqs []int64
 			r, err := c.Query(ctx(t), `SELECT e.group_id, e.seq FROM harel_exchange_leases(`+now+`, `+now+` + 30, 'tok', 0, 64, '{}', '{}', '{}', '{}', true) AS e`)
@@ -153,9 +154,13 @@ func TestPlansProbeAnEmptyLookingQueue(t *testing.T) {
 			is.NoErr(r.Err())
 			is.True(len(groups) > 0) // the claim leased something to ack
 			tokens := make([]string, len(groups))
-			keep := make([]bool, len(groups))
+			keep := make([]*bool, len(groups))
 			for i := range groups {
-				tokens[i], keep[i] = "tok", i%2 == 0
+				tokens[i] = "tok"
+				if i%3 != 1 {
+					keep[i] = new(bool)
+					*keep[i] = i%3 == 0
+				}
 			}
 			for _, call := range []struct {
 				sql  string
@@ -172,7 +177,7 @@ func TestPlansProbeAnEmptyLookingQueue(t *testing.T) {
 			var g string
 			var s int64
 			is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, seq FROM harel_claim(`+now+`, `+now+` + 30, 'tok-2')`).Scan(&g, &s))
-			_, err = c.Exec(ctx(t), `SELECT count(*) FROM harel_ack_claim($1, $2, 'tok-2', true, `+now+`, `+now+` + 30, 'tok-3', 0)`, g, s)
+			_, err = c.Exec(ctx(t), `SELECT count(*) FROM harel_ack_claim($1, $2, 'tok-2', NULL, `+now+`, `+now+` + 30, 'tok-3', 0)`, g, s)
 			is.NoErr(err)
 			_, err = c.Exec(ctx(t), `SELECT count(*) FROM harel_ack_claim($1, $2, 'tok-2', false, `+now+`, `+now+` + 30, 'tok-3', 0)`, g, s)
 			is.NoErr(err)

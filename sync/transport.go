@@ -379,10 +379,11 @@ func (t *Transport) AckMany(ctx context.Context, leases []*pgtransport.Lease) ([
 }
 
 // AckNext acks the lease and, when its group has another message and the
-// lease has taken fewer than Config.MaxKeep in a row, keeps the group: it
-// returns that next message under the same lease, held for visibility,
-// with no claim in between. Otherwise it returns nil and the group is
-// freed for the round-robin. ErrLeaseLost if the lease no longer held. One
+// lease has taken fewer than Config.MaxKeep in a row (and fewer than
+// Config.KeepWhileWaiting, or no other group waits to be claimed), keeps
+// the group: it returns that next message under the same lease, held for
+// visibility, with no claim in between. Otherwise it returns nil and the
+// group is freed for the round-robin. ErrLeaseLost if the lease no longer held. One
 // round-trip: a hot group is served at one round-trip per message.
 //
 // The lease it returns is held, as a claim's is, until it is settled (Ack,

@@ -18,7 +18,8 @@ import (
 // Each of its cfg.Concurrency slots waits for work as ClaimWait does (no
 // polling), runs h, and then settles the result and claims its next lease
 // in one transaction: the ack keeps a hot group for the next message, up
-// to Config.MaxKeep in a row, or claims the group served longest ago. The
+// to Config.MaxKeep in a row (Config.KeepWhileWaiting while another group
+// waits), or claims the group that became claimable first. The
 // slots that finish while such a step is on its way have theirs sent
 // together in the next round-trip (at most two on their way at once), so
 // a busy runtime makes about one round-trip and one commit per batch of

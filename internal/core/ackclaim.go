@@ -17,7 +17,7 @@ const ackClaimSQL = `SELECT a.held, a.kept, a.group_id, a.seq, a.event, a.attemp
 
 // AckClaim acks l and takes the slot's next lease in one round-trip and
 // one transaction: l's group kept under the same lease for its next
-// message when it has one and l may keep it (Config.MaxKeep, as AckNext),
+// message when it has one and l may keep it (keepFor, as AckNext),
 // else the next claimable group for workerID. It is the blocking
 // runtime's step between two messages: a message costs one round-trip and
 // one commit, and no more server work than the ack and the claim it

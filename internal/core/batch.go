@@ -288,7 +288,7 @@ func (c *Core) exchange(ctx context.Context, acks []*pgtransport.Lease, keep boo
 			return nil, nil, fmt.Errorf("exchange: lease %d: %w", i, err)
 		}
 		groups[i], seqs[i], tokens[i] = l.Group, l.Seq, l.Token
-		keeps[i] = no
+		keeps[i] = new(bool) // false: free the group
 		if keep {
 			keeps[i] = c.keepFor(l)
 		}
@@ -382,22 +382,20 @@ func (c *Core) mayKeep(l *pgtransport.Lease) bool {
 	return c.cfg.MaxKeep > 0 && l.Kept+1 < c.cfg.MaxKeep
 }
 
-var yes, no = &[]bool{true}[0], &[]bool{false}[0]
-
 // keepFor is what an ack that may keep asks the database to do with l's
 // group (p_keep; "A keep yields" in schema/sql/functions/40_ack.sql):
 // keep it for its next message (true) while l has taken fewer than
 // Config.KeepWhileWaiting in a row, then keep it only while no other group
 // waits to be claimed (NULL), and free it (false) once it may not keep.
 func (c *Core) keepFor(l *pgtransport.Lease) *bool {
-	switch {
-	case !c.mayKeep(l):
-		return no
-	case l.Kept+1 < c.cfg.KeepWhileWaiting:
-		return yes
-	default:
-		return nil
+	if !c.mayKeep(l) {
+		return new(bool)
 	}
+	if l.Kept+1 < c.cfg.KeepWhileWaiting {
+		always := true
+		return &always
+	}
+	return nil
 }
 
 func checkBatch(n int) error {
@@ -489,9 +487,10 @@ func (c *Core) claimWait(ctx context.Context, detach bool, workerID string, visi
 	}
 }
 
-// AckNext acks l and, if its group has another message and l has taken
-// fewer than Config.MaxKeep in a row, keeps the group under the same lease
-// for visibility and returns that next message; else nil (the group is
+// AckNext acks l and, if its group has another message and l may keep it
+// (keepFor: fewer than Config.MaxKeep in a row, and fewer than
+// Config.KeepWhileWaiting or no other group waiting), keeps the group
+// under the same lease for visibility and returns that next message; else nil (the group is
 // freed or, drained, deleted) and it wakes one parked caller. One
 // round-trip.
 func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {

@@ -5,7 +5,8 @@
 -- waits in the ready log at or above the caller's floor
 -- (functions/25_ready.sql, harel_ready_waits); otherwise they free it, as
 -- an ack with p_keep false does, and its entry goes behind the waiting
--- ones. p_keep true keeps as before (until now NULL freed). The Go client
+-- ones. p_keep true and false keep their meaning; NULL freed until now,
+-- and now needs a lease end after p_now (PT003), as true does. The Go client
 -- passes NULL past Config.KeepWhileWaiting messages in a row: a group that
 -- became claimable waited for up to Config.MaxKeep messages of every kept
 -- lease ahead of it (14,400 hand-outs at the 99th percentile in bench

@@ -704,7 +704,8 @@ SELECT g.group_id, g.priority
 -- waits in the ready log at or above the caller's floor
 -- (functions/25_ready.sql, harel_ready_waits); otherwise they free it, as
 -- an ack with p_keep false does, and its entry goes behind the waiting
--- ones. p_keep true keeps as before (until now NULL freed). The Go client
+-- ones. p_keep true and false keep their meaning; NULL freed until now,
+-- and now needs a lease end after p_now (PT003), as true does. The Go client
 -- passes NULL past Config.KeepWhileWaiting messages in a row: a group that
 -- became claimable waited for up to Config.MaxKeep messages of every kept
 -- lease ahead of it (14,400 hand-outs at the 99th percentile in bench
@@ -1479,8 +1480,9 @@ $$;
 
 -- harel_ready_waits says whether a group other than p_except's waits in the
 -- ready log from p_front on at or above p_min_priority: an entry whose
--- group no lease holds at p_now (a kept group's own entries, and those of
--- groups a sweep leased since, are stale). A keep yields to it
+-- group is neither paused nor held by a lease at p_now (a kept group's own
+-- entries, and those of groups a sweep leased or an operator paused since,
+-- are stale). A keep yields to it
 -- (functions/40_ack.sql, "A keep yields"). It reads entries from the
 -- frontier up to the first such one, as a claim does.
 CREATE OR REPLACE FUNCTION harel_ready_waits(
@@ -1501,7 +1503,8 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM transport_ready AS r
                     WHERE r.rseq >= p_front AND r.priority >= p_min_priority AND r.group_id <> ALL (p_except)
                       AND NOT EXISTS (SELECT 1 FROM transport_groups AS g
-                                       WHERE g.group_id = r.group_id AND g.locked_by IS NOT NULL AND g.lock_expiry >= p_now OFFSET 0));
+                                       WHERE g.group_id = r.group_id
+                                         AND (g.paused OR (g.locked_by IS NOT NULL AND g.lock_expiry >= p_now)) OFFSET 0));
 END
 $$;
 
@@ -2130,8 +2133,9 @@ AS $$ BEGIN RETURN QUERY SELECT c.group_id, c.seq, c.event FROM harel_sweep(p_no
 -- (default 4) and false at Config.MaxKeep, so a group that becomes
 -- claimable waits for the groups before it in the log, each taking at most
 -- KeepWhileWaiting messages; with NULL from the first, at most one more
--- message of each lease then held (TestKeepYieldsToWaitingGroups). The
--- retry of a keep whose answer was lost keeps, waiting groups or not.
+-- message of each lease then held (TestKeepYieldsToWaitingGroups). In
+-- harel_exchange_leases the retry of a keep whose answer was lost keeps,
+-- waiting groups or not (harel_ack_claim has no such retry).
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group and message p_seq is still there; then it deletes the

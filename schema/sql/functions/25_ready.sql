@@ -160,8 +160,9 @@ $$;
 
 -- harel_ready_waits says whether a group other than p_except's waits in the
 -- ready log from p_front on at or above p_min_priority: an entry whose
--- group no lease holds at p_now (a kept group's own entries, and those of
--- groups a sweep leased since, are stale). A keep yields to it
+-- group is neither paused nor held by a lease at p_now (a kept group's own
+-- entries, and those of groups a sweep leased or an operator paused since,
+-- are stale). A keep yields to it
 -- (functions/40_ack.sql, "A keep yields"). It reads entries from the
 -- frontier up to the first such one, as a claim does.
 CREATE OR REPLACE FUNCTION harel_ready_waits(
@@ -182,6 +183,7 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM transport_ready AS r
                     WHERE r.rseq >= p_front AND r.priority >= p_min_priority AND r.group_id <> ALL (p_except)
                       AND NOT EXISTS (SELECT 1 FROM transport_groups AS g
-                                       WHERE g.group_id = r.group_id AND g.locked_by IS NOT NULL AND g.lock_expiry >= p_now OFFSET 0));
+                                       WHERE g.group_id = r.group_id
+                                         AND (g.paused OR (g.locked_by IS NOT NULL AND g.lock_expiry >= p_now)) OFFSET 0));
 END
 $$;

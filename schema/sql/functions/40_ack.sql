@@ -23,8 +23,9 @@
 -- (default 4) and false at Config.MaxKeep, so a group that becomes
 -- claimable waits for the groups before it in the log, each taking at most
 -- KeepWhileWaiting messages; with NULL from the first, at most one more
--- message of each lease then held (TestKeepYieldsToWaitingGroups). The
--- retry of a keep whose answer was lost keeps, waiting groups or not.
+-- message of each lease then held (TestKeepYieldsToWaitingGroups). In
+-- harel_exchange_leases the retry of a keep whose answer was lost keeps,
+-- waiting groups or not (harel_ack_claim has no such retry).
 
 -- harel_ack settles a lease: false, changing nothing, unless p_token still
 -- holds p_group and message p_seq is still there; then it deletes the
