@@ -490,9 +490,9 @@ func (c *Core) claimWait(ctx context.Context, detach bool, workerID string, visi
 // AckNext acks l and, if its group has another message and l may keep it
 // (keepFor: fewer than Config.MaxKeep in a row, and fewer than
 // Config.KeepWhileWaiting or no other group waiting), keeps the group
-// under the same lease for visibility and returns that next message; else nil (the group is
-// freed or, drained, deleted) and it wakes one parked caller. One
-// round-trip.
+// under the same lease for visibility and returns that next message; else
+// nil (the group is freed or, drained, deleted) and it wakes one parked
+// caller. One round-trip.
 func (c *Core) AckNext(ctx context.Context, l *pgtransport.Lease, visibility time.Duration) (*pgtransport.Lease, error) {
 	if err := checkLease(l); err != nil {
 		return nil, fmt.Errorf("ack: %w", err)

@@ -306,10 +306,11 @@ $$;
 -- harel_ack_claim is a blocking worker's step between two messages (one
 -- transaction, one row): settle the lease p_token holds on p_group
 -- (message p_seq) and take the worker's next one. With p_keep (NULL: and
--- no group waiting, "A keep yields") and another message in the group, the
--- lease keeps the group (as harel_ack_many's keep): kept, and that message with attempt 1 and its age. Otherwise
--- harel_ack settles it (held, or PT001) and a claim of one leases a group
--- to p_new_token: its head in group_id..age, or NULLs. Cheaper for one
+-- no group waiting, "A keep yields") and another message in the group,
+-- the lease keeps the group (as harel_ack_many's keep): kept, and that
+-- message with attempt 1 and its age. Otherwise harel_ack settles it
+-- (held, or PT001) and a claim of one leases a group to p_new_token: its
+-- head in group_id..age, or NULLs. Cheaper for one
 -- lease than harel_exchange, which is built for batches.
 CREATE OR REPLACE FUNCTION harel_ack_claim(
     p_group        TEXT,
