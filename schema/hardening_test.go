@@ -215,6 +215,7 @@ func TestFunctionsRefuseMisuse(t *testing.T) {
 		{"ClaimManyLeaseEndBeforeNow", `SELECT * FROM harel_claim_many($1::float8, $1::float8 - 1, 'w:2', 0, 5)`, []any{now}, "PT003"},
 		{"ExchangeLeaseEndBeforeNow", `SELECT * FROM harel_exchange($1::float8, $1::float8 - 1, 'w:2', 0, 5, '{}', '{}', '{}', '{}')`, []any{now}, "PT003"},
 		{"AckManyKeepsWithLeaseEndAtNow", `SELECT * FROM harel_ack_many('{b}', ARRAY[$2]::bigint[], '{w:1}', '{true}', $1::float8, $1::float8)`, []any{now, b1}, "PT003"},
+		{"AckManyKeepsWhileNoneWaitsWithNoLeaseEnd", `SELECT * FROM harel_ack_many('{b}', ARRAY[$2]::bigint[], '{w:1}', '{NULL}', $1::float8, NULL)`, []any{now, b1}, "PT003"},
 		{"ExtendNullLeaseEnd", `SELECT harel_extend('a', 'w:1', NULL)`, nil, "PT003"},
 		{"ExtendToAMinuteAgo", `SELECT harel_extend('a', 'w:1', $1::float8 - 60)`, []any{now}, "PT003"},
 		{"ParkWithNullNow", `SELECT harel_nack('a', 'w:1', NULL, 10)`, nil, "PT003"},
