@@ -171,6 +171,22 @@
 // delay, comes first; a lease whose holder went away is found within
 // about a second under load.
 //
+// Tenants. A group belongs to a tenant, set by the publish that creates
+// it (Message.Tenant; DefaultTenant where none is named). The claims share
+// among tenants: under contention each tenant with ready groups gets
+// turns in proportion to its weight (SetTenantWeight, 1 to
+// MaxTenantWeight, default 1), however many groups it has; round-robin
+// over a tenant's groups; FIFO within a group. A turn is a group handed
+// out for up to KeepWhileWaiting messages (one for a claim and an ack), so
+// shares of messages follow the weights where turns are as long; a tenant
+// whose groups hold fewer messages gets fewer a turn, never more. A lone
+// tenant uses every consumer. With T tenants of equal weight, a tenant's
+// group that becomes claimable waits for about one turn of each other
+// tenant. Retries and lapsed leases are charged to their tenant as turns.
+// With no tenant named anywhere, the order is the one above.
+// Over partitions the shares hold per partition. docs/design.md, "Shares
+// across tenants", and docs/protocol.md, "Tenants", say how.
+//
 // Priorities. A group's priority (0 to 4) is set by the publish that
 // creates the group and resets once the group drains; later publishes do
 // not change it. A claim's minPriority is a floor, not an order: it takes
@@ -262,7 +278,7 @@
 // (under MinVisibility: a lease must outlive the round-trips that use
 // it), ErrInvalidDelay (negative), ErrNilLease, ErrInvalidWorkerID,
 // ErrInvalidSchema, ErrInvalidBatch, ErrInvalidConfig, ErrInvalidDedupKey,
-// ErrStateTooLarge. A missing schema is ErrSchemaMissing, a closed
+// ErrInvalidTenant, ErrInvalidWeight, ErrStateTooLarge. A missing schema is ErrSchemaMissing, a closed
 // transport ErrClosed, a RestartGroup of a group that is not stopped
 // ErrGroupNotStopped, a pooler in an unsafe exec mode ErrPoolerExecMode
 // (docs/operating.md), a publish to a partition its group has left

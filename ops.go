@@ -74,6 +74,25 @@ type GroupQuery struct {
 	Limit  int        // the page size: 0 means DefaultGroupLimit; at most MaxBatch (ErrInvalidBatch)
 }
 
+// TenantInfo is one tenant as an operator sees it (docs/design.md,
+// "Shares across tenants"): each tenant that has groups or was given a
+// weight.
+type TenantInfo struct {
+	Tenant string
+	// Weight is its weight, 1 where never set (SetTenantWeight).
+	Weight int
+	// Groups are its group rows, but the kept rows of drained groups;
+	// Leased those held by a lease now (in flight).
+	Groups, Leased int64
+	// Ready counts its entries in the ready log: its groups waiting their
+	// turn (an entry of a group leased since by a sweep counts until a
+	// claim passes it).
+	Ready int64
+	// Share is what it is handed out under contention: its weight over
+	// the weights of the tenants with Ready > 0 (0 with none).
+	Share float64
+}
+
 // GroupInfo is one group as an operator sees it.
 type GroupInfo struct {
 	Group    string

@@ -51,6 +51,15 @@ const (
 	MinVisibility = time.Second
 	// MaxDedupKeyBytes bounds a Message.DedupKey.
 	MaxDedupKeyBytes = 256
+	// MaxTenantBytes bounds a tenant id (Message.Tenant, SetTenantWeight).
+	MaxTenantBytes = 256
+	// DefaultTenant is the tenant of a group whose first publish names
+	// none (Message.Tenant ""), and of the design's plain two-INSERT
+	// publish.
+	DefaultTenant = "default"
+	// MaxTenantWeight bounds a tenant's weight (SetTenantWeight); a
+	// tenant never given one weighs 1.
+	MaxTenantWeight = 1000
 	// MaxErrorBytes bounds the cause Fail records on a message: a longer
 	// text is cut, at a rune boundary, to this many bytes.
 	MaxErrorBytes = 2048
@@ -156,6 +165,14 @@ var (
 	// ErrInvalidDedupKey: a Message.DedupKey longer than MaxDedupKeyBytes,
 	// not valid UTF-8, or holding a NUL byte ("" means no key).
 	ErrInvalidDedupKey = errors.New("pgtransport: invalid dedup key")
+	// ErrInvalidTenant: a tenant id longer than MaxTenantBytes, not valid
+	// UTF-8 or holding a NUL byte (Message.Tenant; "" there means
+	// DefaultTenant), or empty where a tenant is named (SetTenantWeight).
+	// Nothing was written.
+	ErrInvalidTenant = errors.New("pgtransport: invalid tenant")
+	// ErrInvalidWeight: a tenant weight outside 1 to MaxTenantWeight.
+	// Nothing was written.
+	ErrInvalidWeight = errors.New("pgtransport: invalid tenant weight")
 	// ErrGroupNotStopped: RestartGroup of a group that is not stopped (the
 	// queue's policy is not StopGroup, its head has attempts left, or it
 	// was restarted already). Nothing changed.
@@ -220,6 +237,15 @@ type Message struct {
 	// already seen is dropped all the same. (Seqs still rise, with gaps.)
 	// At most MaxDedupKeyBytes, valid UTF-8, no NUL byte.
 	DedupKey string
+	// Tenant is the tenant the group belongs to, set by the message that
+	// creates its group (as Priority; "" is DefaultTenant); a later one
+	// that names a tenant changes nothing, and one that names none leaves
+	// the group's. Under contention tenants get turns in proportion to
+	// their weights (SetTenantWeight) however many ready groups each has,
+	// round-robin over a tenant's groups, FIFO within a group (the
+	// package doc, "Tenants"). At most MaxTenantBytes, valid UTF-8, no NUL
+	// byte.
+	Tenant string
 }
 
 // Exhausted is what the queue does with a group's head once it has used

@@ -128,6 +128,8 @@ func resultType(v reflect.Type) (reflect.Type, bool) {
 		return reflect.TypeFor[async.Result[[]pgtransport.GroupInfo]](), true
 	case reflect.TypeFor[[]pgtransport.PeekedMessage]():
 		return reflect.TypeFor[async.Result[[]pgtransport.PeekedMessage]](), true
+	case reflect.TypeFor[[]pgtransport.TenantInfo]():
+		return reflect.TypeFor[async.Result[[]pgtransport.TenantInfo]](), true
 	case reflect.TypeFor[[]byte]():
 		return reflect.TypeFor[async.Result[[]byte]](), true
 	}

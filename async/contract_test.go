@@ -88,6 +88,8 @@ type asyncAPI interface {
 	PauseGroup(ctx context.Context, group string) <-chan error
 	ResumeGroup(ctx context.Context, group string) <-chan error
 	PurgeGroup(ctx context.Context, group string, limit int) <-chan async.Result[int64]
+	SetTenantWeight(ctx context.Context, tenant string, weight int) <-chan error
+	Tenants(ctx context.Context) <-chan async.Result[[]pgtransport.TenantInfo]
 	Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error
 	WorkTx(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.TxHandler) error
 	PublishTx(ctx context.Context, tx pgx.Tx, group, event string, priority int) <-chan async.Result[int64]
@@ -244,6 +246,15 @@ func (b blocking) ResumeGroup(ctx context.Context, group string) error {
 
 func (b blocking) PurgeGroup(ctx context.Context, group string, limit int) (int64, error) {
 	r := <-b.t.PurgeGroup(ctx, group, limit)
+	return r.Value, r.Err
+}
+
+func (b blocking) SetTenantWeight(ctx context.Context, tenant string, weight int) error {
+	return <-b.t.SetTenantWeight(ctx, tenant, weight)
+}
+
+func (b blocking) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
+	r := <-b.t.Tenants(ctx)
 	return r.Value, r.Err
 }
 

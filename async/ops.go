@@ -82,3 +82,14 @@ func (t *Transport) SetPolicy(ctx context.Context, p pgtransport.Policy) <-chan 
 func (t *Transport) Policy(ctx context.Context) <-chan Result[pgtransport.Policy] {
 	return call(t, ctx, func(ctx context.Context) (pgtransport.Policy, error) { return t.cl.Policy(ctx) })
 }
+
+// SetTenantWeight sets tenant's weight; as sync.Transport.SetTenantWeight
+// (ErrInvalidTenant, ErrInvalidWeight with no round-trip).
+func (t *Transport) SetTenantWeight(ctx context.Context, tenant string, weight int) <-chan error {
+	return callErr(t, ctx, func(ctx context.Context) error { return t.cl.SetTenantWeight(ctx, tenant, weight) })
+}
+
+// Tenants delivers the tenants; as sync.Transport.Tenants.
+func (t *Transport) Tenants(ctx context.Context) <-chan Result[[]pgtransport.TenantInfo] {
+	return call(t, ctx, func(ctx context.Context) ([]pgtransport.TenantInfo, error) { return t.cl.Tenants(ctx) })
+}

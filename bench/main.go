@@ -53,7 +53,7 @@ func main() {
 	var (
 		long     = flag.Bool("full", false, "longer runs, more of them (make bench-full)")
 		out      = flag.String("out", "results", "folder for bench.csv, throughput.svg and table.md")
-		only     = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, proxy, hotgroup, publish, jobs, claimcost, claimwalk, fairness, latency, poison, dedup; stats only when named: it loads 10M messages)")
+		only     = flag.String("only", "", "run only the suites whose name matches this regexp (commits, claimack, river, runtime, worktx, proxy, hotgroup, publish, jobs, claimcost, claimwalk, fairness, tenants, latency, poison, dedup; stats only when named: it loads 10M messages)")
 		prof     = flag.String("cpuprofile", "", "write a CPU profile of this process to the file")
 		sust     = flag.Duration("sustained", 0, "instead of the suites: a sustained async claim+ack run this long (e.g. 10m)")
 		hold     = flag.Duration("hold", 0, "with -sustained: another session holds a snapshot open for this long from the start (e.g. 5m)")
@@ -184,6 +184,7 @@ func (r *runner) all(ctx context.Context) error {
 		{"claimcost", r.claimCost},
 		{"claimwalk", r.claimWalk},
 		{"fairness", r.fairness},
+		{"tenants", r.tenants},
 		{"latency", r.latency},
 		{"poison", r.poison},
 		{"dedup", r.dedup},

@@ -20,7 +20,7 @@ import (
 // statements (see the head of functions/10_guard.sql): LANGUAGE sql, one
 // expression, no setting. A function belongs here only if TestGuardInlined
 // shows it inlined; every other function pins the four settings.
-var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed", "harel_group_state"}
+var inlined = []string{"harel_group_lock_key", "harel_guard_class", "harel_try_guard", "harel_share_guard", "harel_clock_skewed", "harel_group_state", "harel_ready_place"}
 
 // lockOnly are the trigger functions that pin search_path alone (see
 // harel_hold_group in functions/10_guard.sql): they run once per row, read

@@ -25,7 +25,8 @@ var leadingColumn = map[string]string{
 	"transport_groups_pkey":    "group_id",
 	"transport_groups_sweep":   "slot",
 	"transport_groups_due":     "retry_at",
-	"transport_ready_pkey":     "rseq",
+	"transport_ready_pkey":     "vt",
+	"transport_ready_tenant":   "tenant",
 }
 
 var indexScan = regexp.MustCompile(`(?:Index Only Scan|Index Scan|Bitmap Index Scan)(?: Backward)? (?:using|on) (\w+)`)

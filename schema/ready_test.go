@@ -37,7 +37,7 @@ func TestReadyLogFrontier(t *testing.T) {
 	last := func() int64 {
 		t.Helper()
 		var r int64
-		is.NoErr(c.QueryRow(ctx(t), `SELECT last_value FROM transport_ready_rseq`).Scan(&r))
+		is.NoErr(c.QueryRow(ctx(t), `SELECT last_value FROM transport_ready_vnow`).Scan(&r))
 		return r
 	}
 	now := 1000.0
@@ -88,7 +88,7 @@ func TestReadyLogFrontier(t *testing.T) {
 	_, err = slow.Exec(ctx(t), `SELECT harel_publish('slow', 'e', 0)`)
 	is.NoErr(err)
 	var slowEntry int64
-	is.NoErr(slow.QueryRow(ctx(t), `SELECT rseq FROM transport_ready WHERE group_id = 'slow'`).Scan(&slowEntry))
+	is.NoErr(slow.QueryRow(ctx(t), `SELECT vt FROM transport_ready WHERE group_id = 'slow'`).Scan(&slowEntry))
 	publishAndTake("fast", 20)
 	claimNothing(20)
 	is.True(front() <= slowEntry) // never past the open publish's entry
@@ -210,7 +210,7 @@ func TestReadyLogLosesNoEntry(t *testing.T) {
 		is.NoErr(err)
 	}
 	var below, left int
-	is.NoErr(c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE rseq < (SELECT last_value FROM transport_ready_front)), count(*) FROM transport_ready`).Scan(&below, &left))
+	is.NoErr(c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE vt < (SELECT last_value FROM transport_ready_front)), count(*) FROM transport_ready`).Scan(&below, &left))
 	is.Equal(below, 0) // no entry skipped by the frontier
 	is.Equal(left, 0)  // and none left: every one was taken
 }

@@ -587,11 +587,11 @@ func Grants(schema, role string) (string, error) {
 	return strings.Join([]string{
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters, " +
-			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states, " + s + ".transport_ready TO " + r,
+			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states, " + s + ".transport_ready, " + s + ".transport_tenants TO " + r,
 		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy, " + s + ".transport_partition TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_slot, " + s + ".transport_claim_cursor, " + s + ".transport_claim_wrap, " + s + ".transport_claim_rest, " +
-			s + ".transport_ready_rseq, " + s + ".transport_ready_front, " + s + ".transport_ready_check_rseq, " + s + ".transport_ready_check_xid, " +
+			s + ".transport_ready_rseq, " + s + ".transport_ready_front, " + s + ".transport_ready_check_vt, " + s + ".transport_ready_check_xid, " + s + ".transport_ready_vnow, " +
 			s + ".transport_claim_reap_cursor TO " + r,
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + r,
 	}, ";\n") + ";\n", nil

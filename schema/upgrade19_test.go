@@ -58,7 +58,7 @@ func TestUpgradeFromV19KeepsALiveQueue(t *testing.T) {
 	v, err := schema.CurrentVersion(ctx(t), db.Pool, db.Schema)
 	is.NoErr(err)
 	is.Equal(v, schema.Version())
-	rows, err := c.Query(ctx(t), `SELECT group_id FROM transport_ready ORDER BY rseq`)
+	rows, err := c.Query(ctx(t), `SELECT group_id FROM transport_ready ORDER BY vt, rseq`)
 	is.NoErr(err)
 	entries, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	is.NoErr(err)

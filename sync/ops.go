@@ -149,3 +149,30 @@ func (t *Transport) Policy(ctx context.Context) (pgtransport.Policy, error) {
 	}
 	return t.cl.Policy(ctx)
 }
+
+// SetTenantWeight sets tenant's weight, 1 to pgtransport.MaxTenantWeight
+// (a tenant never set weighs 1): under contention, each tenant with
+// ready groups is handed out in proportion to its weight, however many
+// groups it has (see pgtransport.Message.Tenant). It is kept in the
+// database, so every consumer applies it, plain-SQL ones included, to the
+// tenant's groups from their next turn on; over partitions it is written
+// on each, at once, not atomically across. An empty or bad tenant is
+// ErrInvalidTenant, a weight out of range ErrInvalidWeight, and nothing is
+// written. One round-trip.
+func (t *Transport) SetTenantWeight(ctx context.Context, tenant string, weight int) error {
+	if err := t.check("set tenant weight"); err != nil {
+		return err
+	}
+	return t.cl.SetTenantWeight(ctx, tenant, weight)
+}
+
+// Tenants lists the tenants that have groups or a weight, in tenant
+// order, each with its weight, groups, leased groups, groups waiting
+// their turn and share (see pgtransport.TenantInfo). It reads every group
+// row: an operator's call. A read. One round-trip.
+func (t *Transport) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
+	if err := t.check("tenants"); err != nil {
+		return nil, err
+	}
+	return t.cl.Tenants(ctx)
+}

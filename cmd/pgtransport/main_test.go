@@ -136,7 +136,7 @@ func TestGrants(t *testing.T) {
 	is.NoErr(err)
 	var canPublish, canAlter bool
 	is.NoErr(h.pool.QueryRow(ctx, `SELECT has_function_privilege($1, $2, 'EXECUTE'), has_schema_privilege($1, $3, 'CREATE')`,
-		role, h.schema+".harel_publish(text,text,integer)", h.schema).Scan(&canPublish, &canAlter))
+		role, h.schema+".harel_publish(text,text,integer,text)", h.schema).Scan(&canPublish, &canAlter))
 	is.True(canPublish)            // the role may work the queue
 	is.True(!canAlter)             // and nothing more
 	is.Equal(h.counts(), counts{}) // the schema is still there, and empty
@@ -423,7 +423,7 @@ func TestPublish(t *testing.T) {
 	in := `{"group":"a","event":"one"}
 
 {"group":"a","event":{"n": 2, "s": "two"}, "dedup_key":"k"}
-  {"group":"b","event":"x","priority":3}
+  {"group":"b","event":"x","priority":3,"tenant":"acme"}
 {"group":"a","event":"dup","dedup_key":"k"}
 {"group":"a","event":""}
 `
@@ -435,6 +435,12 @@ func TestPublish(t *testing.T) {
 	is.Equal(p.Published, 5)
 	is.Equal(p.Seqs[:3], []int64{1, 2, 3})
 	is.Equal(p.Seqs[3], int64(2)) // the dedup key's first seq
+	var ts []tenantJSON
+	decode(t, h.ok("", "tenants", "--json").stdout, &ts)
+	is.Equal(len(ts), 2)
+	is.Equal(ts[0].Tenant, "acme") // b's tenant, from its line
+	is.Equal(ts[0].Groups, int64(1))
+	is.Equal(ts[1].Groups, int64(1)) // a, in the default tenant
 	var ms []peekJSON
 	decode(t, h.ok("", "peek", "a", "--json").stdout, &ms)
 	is.Equal(len(ms), 3)
@@ -475,6 +481,7 @@ func TestPublishBadInput(t *testing.T) {
 		{`{"group":"g","event":"e","priority":5}`, "line 4: pgtransport: invalid priority: 5"},
 		{`{"group":"g","event":"e","priority":"high"}`, "line 4: not a JSON object"},
 		{`{"group":"g","event":"e","dedup_key":"` + strings.Repeat("k", 257) + `"}`, "line 4: pgtransport: invalid dedup key"},
+		{`{"group":"g","event":"e","tenant":"` + strings.Repeat("t", 257) + `"}`, "line 4: pgtransport: invalid tenant"},
 		{`{"group":"g","event":"e","dedupkey":"k"}`, `line 4: not a JSON object of a message: json: unknown field "dedupkey"`},
 		{"{\"group\":\"g\xff\",\"event\":\"e\"}", "line 4: not valid UTF-8"},
 	} {

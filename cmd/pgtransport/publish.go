@@ -23,6 +23,7 @@ type publishLine struct {
 	Event    json.RawMessage `json:"event"`
 	Priority int             `json:"priority"`
 	DedupKey string          `json:"dedup_key"`
+	Tenant   string          `json:"tenant"`
 }
 
 // maxLineBytes bounds one input line: the largest event, escaped, and room.
@@ -42,11 +43,12 @@ func (a *app) publishCmd() *cobra.Command {
 		Short: "Publish messages read from stdin, one JSON object per line",
 		Long: `publish reads messages from stdin, one JSON object per line:
 
-  {"group": "order-42", "event": "{\"type\":\"paid\"}", "priority": 0, "dedup_key": "pay-7"}
+  {"group": "order-42", "event": "{\"type\":\"paid\"}", "priority": 0, "dedup_key": "pay-7", "tenant": "acme"}
 
-group and event are required; priority (0-4, default 0; used only by the
-message that creates its group) and dedup_key (default none: see
-pgtransport.Message) are optional; other fields are refused. event is the
+group and event are required; priority (0-4, default 0) and tenant
+(default "default"), both used only by the message that creates its
+group, and dedup_key (default none: see pgtransport.Message) are
+optional; other fields are refused. event is the
 message's text: a JSON string is taken as its value, any other JSON value
 (an object, an array, a number) as its compact JSON text, so
 {"group":"g","event":{"type":"paid"}} publishes {"type":"paid"}. Blank lines
@@ -177,7 +179,7 @@ func readMessages(r io.Reader, maxEvent int) ([]pgtransport.Message, []int, erro
 
 // parseLine parses and checks one line as the transport would: the rules
 // of pgtransport.ErrInvalidGroup, ErrInvalidEvent, ErrEventTooLarge,
-// ErrInvalidPriority and ErrInvalidDedupKey.
+// ErrInvalidPriority, ErrInvalidDedupKey and ErrInvalidTenant.
 func parseLine(text []byte, maxEvent int) (pgtransport.Message, error) {
 	if !utf8.Valid(text) {
 		return pgtransport.Message{}, errors.New("not valid UTF-8")
@@ -191,7 +193,7 @@ func parseLine(text []byte, maxEvent int) (pgtransport.Message, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return pgtransport.Message{}, errors.New("more than one JSON value on the line")
 	}
-	m := pgtransport.Message{Priority: l.Priority, DedupKey: l.DedupKey}
+	m := pgtransport.Message{Priority: l.Priority, DedupKey: l.DedupKey, Tenant: l.Tenant}
 	switch {
 	case l.Group == nil:
 		return m, errors.New(`no "group"`)
@@ -203,6 +205,8 @@ func parseLine(text []byte, maxEvent int) (pgtransport.Message, error) {
 		return m, fmt.Errorf("%w: %d, want %d to %d", pgtransport.ErrInvalidPriority, l.Priority, pgtransport.MinPriority, pgtransport.MaxPriority)
 	case len(l.DedupKey) > pgtransport.MaxDedupKeyBytes, strings.ContainsRune(l.DedupKey, 0):
 		return m, fmt.Errorf("%w: want at most %d bytes without NUL", pgtransport.ErrInvalidDedupKey, pgtransport.MaxDedupKeyBytes)
+	case len(l.Tenant) > pgtransport.MaxTenantBytes, strings.ContainsRune(l.Tenant, 0):
+		return m, fmt.Errorf("%w: want at most %d bytes without NUL", pgtransport.ErrInvalidTenant, pgtransport.MaxTenantBytes)
 	}
 	m.Group = *l.Group
 	if l.Event[0] == '"' {

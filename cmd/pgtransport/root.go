@@ -80,7 +80,9 @@ func exitCode(err error) int {
 		errors.Is(err, pgtransport.ErrInvalidEvent),
 		errors.Is(err, pgtransport.ErrEventTooLarge),
 		errors.Is(err, pgtransport.ErrInvalidPriority),
-		errors.Is(err, pgtransport.ErrInvalidDedupKey):
+		errors.Is(err, pgtransport.ErrInvalidDedupKey),
+		errors.Is(err, pgtransport.ErrInvalidTenant),
+		errors.Is(err, pgtransport.ErrInvalidWeight):
 		return exitUsage
 	}
 	return exitFailed
@@ -189,6 +191,7 @@ func (a *app) rootCmd() *cobra.Command {
 		a.pauseCmd(),
 		a.resumeCmd(),
 		a.purgeCmd(),
+		a.tenantsCmd(),
 		a.deadCmd(),
 		a.publishCmd(),
 		a.metricsCmd(),

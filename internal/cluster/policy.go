@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,4 +34,22 @@ func (cl *Cluster) SetPolicy(ctx context.Context, p pgtransport.Policy) error {
 // writes every partition alike).
 func (cl *Cluster) Policy(ctx context.Context) (pgtransport.Policy, error) {
 	return cl.parts[0].Policy(ctx)
+}
+
+// SetTenantWeight sets tenant's weight on every partition, at once (not
+// atomically across: an error names the partitions that failed).
+func (cl *Cluster) SetTenantWeight(ctx context.Context, tenant string, weight int) error {
+	if c := cl.one(); c != nil {
+		return c.SetTenantWeight(ctx, tenant, weight)
+	}
+	if err := cmp.Or(core.CheckTenant(tenant, false), core.CheckWeight(weight)); err != nil {
+		return fmt.Errorf("set tenant weight: %w", err)
+	}
+	errs := make([]error, len(cl.parts))
+	each(cl.all(), func(i int) {
+		if err := cl.parts[i].SetTenantWeight(ctx, tenant, weight); err != nil {
+			errs[i] = partitionErr(len(cl.parts), i, err)
+		}
+	})
+	return errors.Join(errs...)
 }

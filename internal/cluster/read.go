@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/pgtransport/pgtransport"
 	"github.com/pgtransport/pgtransport/internal/core"
@@ -223,4 +224,38 @@ func (cl *Cluster) groupParts(group string) []int {
 		return []int{cl.first(group), cl.Home(group)}
 	}
 	return []int{cl.Home(group)}
+}
+
+// Tenants merges the partitions' tenants: counts added up, the weight
+// the highest a partition has (SetTenantWeight writes them alike), the
+// share from the merged counts. Each partition shares among its own
+// tenants (docs/design.md, "Shares across tenants").
+func (cl *Cluster) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
+	if c := cl.one(); c != nil {
+		return c.Tenants(ctx)
+	}
+	all, err := gather(cl.all(), func(i int) ([]pgtransport.TenantInfo, error) { return cl.parts[i].Tenants(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	at := map[string]int{} // a tenant's place in out
+	var out []pgtransport.TenantInfo
+	for _, part := range all {
+		for _, t := range part {
+			j, ok := at[t.Tenant]
+			if !ok {
+				at[t.Tenant] = len(out)
+				out = append(out, t)
+				continue
+			}
+			m := &out[j]
+			m.Weight = max(m.Weight, t.Weight)
+			m.Groups += t.Groups
+			m.Leased += t.Leased
+			m.Ready += t.Ready
+		}
+	}
+	slices.SortFunc(out, func(a, b pgtransport.TenantInfo) int { return strings.Compare(a.Tenant, b.Tenant) })
+	core.Shares(out)
+	return out, nil
 }

@@ -117,23 +117,30 @@ func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Mes
 	prios := make([]int32, len(msgs))
 	keys := make([]*string, len(msgs)) // NULL: no key
 	keyed := false
+	var tenants []*string // NULL where no message names a tenant; a NULL element: the default
 	for i, m := range msgs {
 		groups[i], events[i], prios[i] = m.Group, m.Event, int32(m.Priority)
 		if m.DedupKey != "" {
 			keys[i], keyed = &msgs[i].DedupKey, true
 		}
+		if m.Tenant != "" {
+			if tenants == nil {
+				tenants = make([]*string, len(msgs))
+			}
+			tenants[i] = &msgs[i].Tenant
+		}
 	}
 	if here {
-		return c.publishChunkHere(ctx, db, groups, events, prios, keys, keyed)
+		return c.publishChunkHere(ctx, db, groups, events, prios, keys, keyed, tenants)
 	}
 	var (
 		rows pgx.Rows
 		err  error
 	)
 	if keyed { // the keyed publish only when it is needed: the plain one is cheaper
-		rows, err = db.Query(ctx, c.q.publishKeyed, groups, events, prios, keys, c.cfg.DedupWindow.Seconds())
+		rows, err = db.Query(ctx, c.q.publishKeyed, groups, events, prios, keys, c.cfg.DedupWindow.Seconds(), tenants)
 	} else {
-		rows, err = db.Query(ctx, c.q.publishMany, groups, events, prios)
+		rows, err = db.Query(ctx, c.q.publishMany, groups, events, prios, tenants)
 	}
 	if err != nil {
 		return nil, mapErr("publish", err)
@@ -155,7 +162,8 @@ func (c *Core) publishChunk(ctx context.Context, db DBTX, msgs []pgtransport.Mes
 
 // publishChunkHere is publishChunk's statement for PublishHere: each seq
 // comes back beside its input's place, NULL (0 here) where handed back.
-func (c *Core) publishChunkHere(ctx context.Context, db DBTX, groups, events []string, prios []int32, keys []*string, keyed bool) ([]int64, error) {
+func (c *Core) publishChunkHere(ctx context.Context, db DBTX, groups, events []string, prios []int32, keys []*string, keyed bool,
+	tenants []*string) ([]int64, error) {
 	ords := make([]int32, len(groups))
 	for i := range ords {
 		ords[i] = int32(i + 1)
@@ -165,7 +173,7 @@ func (c *Core) publishChunkHere(ctx context.Context, db DBTX, groups, events []s
 		w := c.cfg.DedupWindow.Seconds()
 		window = &w
 	}
-	rows, err := db.Query(ctx, c.q.publishHere, ords, groups, events, prios, keys, window)
+	rows, err := db.Query(ctx, c.q.publishHere, ords, groups, events, prios, keys, window, tenants)
 	if err != nil {
 		return nil, mapErr("publish", err)
 	}

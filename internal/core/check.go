@@ -107,9 +107,41 @@ func checkDedupKey(key string) error {
 	return nil
 }
 
+// CheckTenant checks a tenant id; "" is refused where empty is false
+// (a message's "" is DefaultTenant).
+func CheckTenant(tenant string, empty bool) error {
+	switch {
+	case tenant == "" && !empty:
+		return fmt.Errorf("%w: empty", pgtransport.ErrInvalidTenant)
+	case len(tenant) > pgtransport.MaxTenantBytes:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", pgtransport.ErrInvalidTenant, len(tenant), pgtransport.MaxTenantBytes)
+	case !checkText(tenant):
+		return fmt.Errorf("%w: not valid UTF-8 or holds a NUL byte", pgtransport.ErrInvalidTenant)
+	}
+	return nil
+}
+
+// CheckWeight checks a tenant weight.
+func CheckWeight(weight int) error {
+	if weight < 1 || weight > pgtransport.MaxTenantWeight {
+		return fmt.Errorf("%w: %d, want 1 to %d", pgtransport.ErrInvalidWeight, weight, pgtransport.MaxTenantWeight)
+	}
+	return nil
+}
+
 // checkMessage checks a message to publish.
 func (c *Core) checkMessage(m pgtransport.Message) error {
-	return cmp.Or(checkGroup(m.Group), c.checkEvent(m.Event), checkPriority(m.Priority), checkDedupKey(m.DedupKey))
+	return cmp.Or(checkGroup(m.Group), c.checkEvent(m.Event), checkPriority(m.Priority), checkDedupKey(m.DedupKey),
+		CheckTenant(m.Tenant, true))
+}
+
+// tenantArg is a message's tenant as a publish passes it: NULL for ""
+// (DefaultTenant).
+func tenantArg(tenant string) *string {
+	if tenant == "" {
+		return nil
+	}
+	return &tenant
 }
 
 // checkStoredGroup checks a group id that names groups or dead letters

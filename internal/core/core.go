@@ -203,10 +203,14 @@ func (c *Core) publish(ctx context.Context, db DBTX, m pgtransport.Message) (int
 	}
 	var row pgx.Row
 	if m.DedupKey == "" {
-		row = db.QueryRow(ctx, c.q.publish, m.Group, m.Event, m.Priority)
+		row = db.QueryRow(ctx, c.q.publish, m.Group, m.Event, m.Priority, tenantArg(m.Tenant))
 	} else {
+		var tenants []*string // NULL: the default tenant
+		if m.Tenant != "" {
+			tenants = []*string{&m.Tenant}
+		}
 		row = db.QueryRow(ctx, c.q.publishKeyed, []string{m.Group}, []string{m.Event}, []int32{int32(m.Priority)},
-			[]string{m.DedupKey}, c.cfg.DedupWindow.Seconds())
+			[]string{m.DedupKey}, c.cfg.DedupWindow.Seconds(), tenants)
 	}
 	var seq int64
 	if err := row.Scan(&seq); err != nil {
@@ -603,6 +607,8 @@ var refusals = map[string]error{
 	"PT007": pgtransport.ErrUnknownGroup,      // an operator's call on a group with no row (harel_group, harel_pause_group, ...)
 	"PT008": pgtransport.ErrStateTooLarge,     // harel_ack_state of a state over pgtransport.MaxStateSize
 	"PT010": pgtransport.ErrGroupMoved,        // a publish of a group that left this partition (a grown cluster)
+	"PT011": pgtransport.ErrInvalidTenant,     // a tenant that is empty or longer than MaxTenantBytes
+	"PT012": pgtransport.ErrInvalidWeight,     // a tenant weight outside 1 to MaxTenantWeight
 }
 
 // isNil reports whether db is nil, or an interface holding a nil pointer

@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgtransport/pgtransport"
 )
 
@@ -305,4 +307,63 @@ func seconds(s *float64) time.Duration {
 		return 0
 	}
 	return time.Duration(*s * float64(time.Second))
+}
+
+// SetTenantWeight sets tenant's weight (harel_set_tenant_weight): an
+// empty or bad tenant is ErrInvalidTenant, a weight outside 1 to
+// MaxTenantWeight ErrInvalidWeight, with no round-trip.
+func (c *Core) SetTenantWeight(ctx context.Context, tenant string, weight int) error {
+	if err := cmp.Or(CheckTenant(tenant, false), CheckWeight(weight)); err != nil {
+		return fmt.Errorf("set tenant weight: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("set tenant weight: %w", err)
+	}
+	if _, err := c.db.Exec(ctx, c.q.setWeight, tenant, weight); err != nil {
+		return mapErr("set tenant weight", err)
+	}
+	return nil
+}
+
+// Tenants lists the tenants (harel_tenants), in tenant order.
+func (c *Core) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("tenants: %w", err)
+	}
+	rows, err := c.db.Query(ctx, c.q.tenants, c.now())
+	if err != nil {
+		return nil, mapErr("tenants", err)
+	}
+	var (
+		ti  pgtransport.TenantInfo
+		w   int32
+		out []pgtransport.TenantInfo
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ti.Tenant, &w, &ti.Groups, &ti.Leased, &ti.Ready}, func() error {
+		ti.Weight = int(w)
+		out = append(out, ti)
+		return nil
+	})
+	if err != nil {
+		return nil, mapErr("tenants", err)
+	}
+	Shares(out)
+	return out, nil
+}
+
+// Shares sets each tenant's Share: its weight over the weights of the
+// tenants with Ready > 0 (0 with none).
+func Shares(ts []pgtransport.TenantInfo) {
+	var sum int
+	for _, t := range ts {
+		if t.Ready > 0 {
+			sum += t.Weight
+		}
+	}
+	for i := range ts {
+		ts[i].Share = 0
+		if ts[i].Ready > 0 {
+			ts[i].Share = float64(ts[i].Weight) / float64(sum)
+		}
+	}
 }

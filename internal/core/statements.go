@@ -39,9 +39,11 @@ const (
 	// publishHereSQL is publishKeyedSQL (plain with $6 NULL) that publishes
 	// only the groups that may stay in this partition, each seq beside its
 	// input's place $1; NULL for a group that moved (a grown cluster).
-	publishHereSQL = `SELECT r.ord, r.seq FROM {s}harel_px_publish_many($1::int[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8) AS r`
+	publishHereSQL = `SELECT r.ord, r.seq FROM {s}harel_px_publish_many($1::int[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8, $7::text[]) AS r`
 
-	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int)`
+	// The publishes pass the tenants NULL where none is named (the
+	// default tenant).
+	publishSQL = `SELECT {s}harel_publish($1::text, $2::text, $3::int, $4::text)`
 
 	// A claim commits without waiting for its WAL flush (synchronous_commit
 	// off for its own transaction only). A claim lost in a crash only
@@ -94,11 +96,11 @@ const (
 
 	channelSQL = `SELECT {s}harel_channel()`
 
-	publishManySQL = `SELECT s FROM {s}harel_publish_many($1::text[], $2::text[], $3::int[]) AS s`
+	publishManySQL = `SELECT s FROM {s}harel_publish_many($1::text[], $2::text[], $3::int[], $4::text[]) AS s`
 
 	// publishKeyedSQL is publishManySQL with a dedup key per message (NULL:
 	// none) and the window in seconds.
-	publishKeyedSQL = `SELECT s FROM {s}harel_publish_keyed($1::text[], $2::text[], $3::int[], $4::text[], $5::float8) AS s`
+	publishKeyedSQL = `SELECT s FROM {s}harel_publish_keyed($1::text[], $2::text[], $3::int[], $4::text[], $5::float8, $6::text[]) AS s`
 
 	// pendingSQL returns the places (1-based) of the (group, seq) pairs
 	// whose message is still queued: a read, by primary key.
@@ -133,8 +135,13 @@ const (
        LATERAL {s}harel_groups(t.now, $2::text, $3::text, $4::int, $5::int) AS g`
 	groupSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_group(t.now, $2::text) AS g`
-	peekSQL        = `SELECT p.seq, p.event, p.published_at, p.last_error FROM {s}harel_peek($1::text, NULL::bigint, $2::int) AS p`
-	pauseGroupSQL  = `SELECT {s}harel_pause_group($1::text)`
+	peekSQL       = `SELECT p.seq, p.event, p.published_at, p.last_error FROM {s}harel_peek($1::text, NULL::bigint, $2::int) AS p`
+	pauseGroupSQL = `SELECT {s}harel_pause_group($1::text)`
+
+	// The tenants' calls (schema version 27).
+	setTenantWeightSQL = `SELECT {s}harel_set_tenant_weight($1::text, $2::int)`
+	tenantsSQL         = `SELECT r.tenant, r.weight, r.groups, r.leased, r.ready
+  FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_tenants(t.now) AS r`
 	resumeGroupSQL = `SELECT {s}harel_resume_group($1::text)`
 	purgeGroupSQL  = `SELECT {s}harel_purge_group($2::text, ` + nowExpr + `, $3::int){kfrom}`
 
@@ -170,6 +177,7 @@ type statements struct {
 	stats, groups, group, peek           string
 	pause, resume, purgeGroup            string
 	ackState, state                      string
+	setWeight, tenants                   string
 }
 
 func newStatements(schema string, clock bool) statements {
@@ -219,6 +227,9 @@ func newStatements(schema string, clock bool) statements {
 		pause:      bind(pauseGroupSQL),
 		resume:     bind(resumeGroupSQL),
 		purgeGroup: bind(purgeGroupSQL),
+
+		setWeight: bind(setTenantWeightSQL),
+		tenants:   bind(tenantsSQL),
 
 		ackState: bind(ackStateSQL),
 		state:    bind(stateSQL),

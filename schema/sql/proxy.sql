@@ -123,6 +123,20 @@ CREATE TABLE IF NOT EXISTS transport_px_groups (
     arrival       BIGINT,
     state         BYTEA
 );
+-- A group's tenant, as on a partition (version 27).
+ALTER TABLE transport_px_groups ADD COLUMN IF NOT EXISTS tenant TEXT NOT NULL DEFAULT 'default'
+    CONSTRAINT transport_groups_tenant_valid CHECK (octet_length(tenant) BETWEEN 1 AND 256);
+
+-- The publishes took no tenant before version 27: the old signatures go,
+-- so that a call with the old arguments finds one function.
+DROP FUNCTION IF EXISTS harel_px_publish_here(INT, TEXT, TEXT, INT, BOOLEAN);
+DROP FUNCTION IF EXISTS harel_publish(TEXT, TEXT, INT);
+DROP FUNCTION IF EXISTS harel_px_publish_many(INT[], TEXT[], TEXT[], INT[], TEXT[], DOUBLE PRECISION);
+DROP FUNCTION IF EXISTS harel_px_publish_home(INT[], TEXT[], TEXT[], INT[], TEXT[], DOUBLE PRECISION);
+DROP FUNCTION IF EXISTS harel_px_publish(TEXT[], TEXT[], INT[], TEXT[], DOUBLE PRECISION);
+DROP FUNCTION IF EXISTS harel_px_publish_check(TEXT, TEXT[], TEXT[], INT[], TEXT[]);
+DROP FUNCTION IF EXISTS harel_publish_many(TEXT[], TEXT[], INT[]);
+DROP FUNCTION IF EXISTS harel_publish_keyed(TEXT[], TEXT[], INT[], TEXT[], DOUBLE PRECISION);
 
 -- harel_px_refuse refuses (PT009) a statement that reads, updates or
 -- deletes the design's table p_table here, naming the calls to use.
@@ -538,16 +552,16 @@ $$;
 
 -- harel_px_publish_here runs partition p_part's: the seq, or (not
 -- p_strict) NULL for a moving group that has nothing left there.
-CREATE OR REPLACE FUNCTION harel_px_publish_here(p_part INT, p_group TEXT, p_event TEXT, p_priority INT, p_strict BOOLEAN)
+CREATE OR REPLACE FUNCTION harel_px_publish_here(p_part INT, p_group TEXT, p_event TEXT, p_priority INT, p_strict BOOLEAN, p_tenant TEXT)
 RETURNS BIGINT LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
-CREATE OR REPLACE FUNCTION harel_publish(p_group TEXT, p_event TEXT, p_priority INT DEFAULT 0)
+CREATE OR REPLACE FUNCTION harel_publish(p_group TEXT, p_event TEXT, p_priority INT DEFAULT 0, p_tenant TEXT DEFAULT NULL)
 RETURNS BIGINT
 LANGUAGE sql
 SET search_path FROM CURRENT
-AS $$ SELECT COALESCE(harel_px_publish_here(harel_px_first(p_group), p_group, p_event, p_priority, false),
-                      harel_px_publish_here(harel_px_home(p_group), p_group, p_event, p_priority, true)) $$;
+AS $$ SELECT COALESCE(harel_px_publish_here(harel_px_first(p_group), p_group, p_event, p_priority, false, p_tenant),
+                      harel_px_publish_here(harel_px_home(p_group), p_group, p_event, p_priority, true, p_tenant)) $$;
 
 CREATE OR REPLACE FUNCTION harel_ack(p_group TEXT, p_seq BIGINT, p_token TEXT, p_now DOUBLE PRECISION)
 RETURNS BOOLEAN LANGUAGE plproxy SET search_path FROM CURRENT
@@ -767,22 +781,23 @@ AS $$ SELECT c.group_id, c.seq, c.event FROM harel_px_claims(p_now, p_lease, p_t
 -- runs theirs (a strict publish, which hands nothing back) on each
 -- group's home.
 CREATE OR REPLACE FUNCTION harel_px_publish_many(
-    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION, p_tenants TEXT[])
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_first(p_groups); $$;
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys, p_tenants; RUN ON harel_px_first(p_groups); $$;
 
 CREATE OR REPLACE FUNCTION harel_px_publish_home(
-    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+    p_ords INT[], p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION, p_tenants TEXT[])
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plproxy SET search_path FROM CURRENT
-AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys; RUN ON harel_px_home(p_groups); $$;
+AS $$ CLUSTER 'pgtransport'; SPLIT p_ords, p_groups, p_events, p_priorities, p_keys, p_tenants; RUN ON harel_px_home(p_groups); $$;
 
 -- harel_px_publish publishes a batch (p_ords 1 to n): first where
 -- harel_px_first says, then the messages handed back (their groups moved
 -- while the cluster grows) in their groups' new homes. Rows in no order.
+-- p_tenants has an element per message (NULL: 'default').
 CREATE OR REPLACE FUNCTION harel_px_publish(
-    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION, p_tenants TEXT[])
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -794,7 +809,7 @@ DECLARE
 BEGIN
     SELECT array_agg(r.ord), array_agg(r.seq) INTO v_ords, v_seqs
       FROM harel_px_publish_many(ARRAY(SELECT generate_series(1, cardinality(p_groups))), p_groups, p_events,
-                                 p_priorities, p_keys, p_window) AS r;
+                                 p_priorities, p_keys, p_window, p_tenants) AS r;
     RETURN QUERY SELECT u.o, u.s FROM unnest(v_ords, v_seqs) AS u(o, s) WHERE u.s IS NOT NULL;
     SELECT array_agg(u.o ORDER BY u.o) INTO v_back FROM unnest(v_ords, v_seqs) AS u(o, s) WHERE u.s IS NULL;
     IF v_back IS NOT NULL THEN
@@ -802,7 +817,8 @@ BEGIN
                        FROM harel_px_publish_home(v_back, ARRAY(SELECT p_groups[o] FROM unnest(v_back) AS o),
                                                   ARRAY(SELECT p_events[o] FROM unnest(v_back) AS o),
                                                   ARRAY(SELECT p_priorities[o] FROM unnest(v_back) AS o),
-                                                  ARRAY(SELECT p_keys[o] FROM unnest(v_back) AS o), p_window) AS r;
+                                                  ARRAY(SELECT p_keys[o] FROM unnest(v_back) AS o), p_window,
+                                                  ARRAY(SELECT p_tenants[o] FROM unnest(v_back) AS o)) AS r;
     END IF;
 END
 $$;
@@ -828,7 +844,7 @@ $$;
 -- of them would refuse in a publish batch, with its SQLSTATE: otherwise
 -- the other partitions' parts would commit and a corrected retry publish
 -- them twice.
-CREATE OR REPLACE FUNCTION harel_px_publish_check(p_fn TEXT, p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[])
+CREATE OR REPLACE FUNCTION harel_px_publish_check(p_fn TEXT, p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_tenants TEXT[])
 RETURNS VOID
 LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
@@ -855,10 +871,13 @@ BEGIN
     IF EXISTS (SELECT 1 FROM unnest(p_keys) AS k WHERE k = '' OR octet_length(k) > 256) THEN
         RAISE EXCEPTION '%: a dedup key that is empty or longer than 256 bytes', p_fn USING ERRCODE = 'PT006';
     END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_tenants) AS t WHERE octet_length(t) NOT BETWEEN 1 AND 256) THEN
+        RAISE EXCEPTION '%: a tenant that is empty or longer than 256 bytes', p_fn USING ERRCODE = 'PT011';
+    END IF;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION harel_publish_many(p_groups TEXT[], p_events TEXT[], p_priorities INT[])
+CREATE OR REPLACE FUNCTION harel_publish_many(p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_tenants TEXT[] DEFAULT NULL)
 RETURNS SETOF BIGINT
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -867,21 +886,23 @@ DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
     -- One database compares with <>: a NULL array passes, as nothing.
-    IF cardinality(p_events) <> cardinality(p_groups) OR cardinality(p_priorities) <> cardinality(p_groups) THEN
+    IF cardinality(p_events) <> cardinality(p_groups) OR cardinality(p_priorities) <> cardinality(p_groups)
+       OR cardinality(p_tenants) <> cardinality(p_groups) THEN
         RAISE EXCEPTION 'harel_publish_many: arrays of different lengths' USING ERRCODE = '22023';
     END IF;
     IF p_groups IS NULL OR p_events IS NULL OR p_priorities IS NULL THEN
         RETURN;
     END IF;
-    PERFORM harel_px_publish_check('harel_publish_many', p_groups, p_events, p_priorities, NULL);
+    PERFORM harel_px_publish_check('harel_publish_many', p_groups, p_events, p_priorities, NULL, p_tenants);
     RETURN QUERY SELECT r.seq
-                   FROM harel_px_publish(p_groups, p_events, p_priorities, array_fill(NULL::TEXT, ARRAY[v_n]), NULL) AS r
+                   FROM harel_px_publish(p_groups, p_events, p_priorities, array_fill(NULL::TEXT, ARRAY[v_n]), NULL,
+                                         COALESCE(p_tenants, array_fill(NULL::TEXT, ARRAY[v_n]))) AS r
                   ORDER BY r.ord;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION harel_publish_keyed(
-    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION)
+    p_groups TEXT[], p_events TEXT[], p_priorities INT[], p_keys TEXT[], p_window DOUBLE PRECISION, p_tenants TEXT[] DEFAULT NULL)
 RETURNS SETOF BIGINT
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -890,18 +911,20 @@ DECLARE
     v_n INT := COALESCE(cardinality(p_groups), 0);
 BEGIN
     PERFORM harel_px_split_check('harel_publish_keyed', cardinality(p_groups), cardinality(p_events),
-                                 cardinality(p_priorities), cardinality(p_keys));
+                                 cardinality(p_priorities), cardinality(p_keys),
+                                 COALESCE(cardinality(p_tenants), cardinality(p_groups)));
     IF p_window IS NULL OR p_window < 0 THEN
         RAISE EXCEPTION 'harel_publish_keyed: p_window % is NULL or negative', p_window USING ERRCODE = 'PT006';
     END IF;
     IF p_groups IS NULL THEN
         RETURN;  -- every array NULL: nothing, as one database
     END IF;
-    PERFORM harel_px_publish_check('harel_publish_keyed', p_groups, p_events, p_priorities, p_keys);
+    PERFORM harel_px_publish_check('harel_publish_keyed', p_groups, p_events, p_priorities, p_keys, p_tenants);
     -- The partition tells a keyed batch from a plain one by p_window,
     -- never NULL here: a batch whose keys are all NULL stays keyed.
     RETURN QUERY SELECT r.seq
-                   FROM harel_px_publish(p_groups, p_events, p_priorities, p_keys, p_window) AS r
+                   FROM harel_px_publish(p_groups, p_events, p_priorities, p_keys, p_window,
+                                         COALESCE(p_tenants, array_fill(NULL::TEXT, ARRAY[v_n]))) AS r
                   ORDER BY r.ord;
 END
 $$;
@@ -1057,6 +1080,49 @@ AS $$
     OFFSET p_offset LIMIT p_limit
 $$;
 
+-- Tenants (version 27): a weight is set on every partition, each of
+-- which shares its own claims among its tenants (docs/design.md, "Shares
+-- across tenants"); the input is checked here first, so that a bad one
+-- writes nothing anywhere. The tenants are merged: counts added up, the
+-- share from the merged counts.
+CREATE OR REPLACE FUNCTION harel_px_set_tenant_weight(p_tenant TEXT, p_weight INT)
+RETURNS SETOF INT
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
+
+CREATE OR REPLACE FUNCTION harel_set_tenant_weight(p_tenant TEXT, p_weight INT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_tenant IS NULL OR octet_length(p_tenant) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'harel_set_tenant_weight: a tenant is 1 to 256 bytes, not % bytes', octet_length(p_tenant) USING ERRCODE = 'PT011';
+    END IF;
+    IF p_weight IS NULL OR p_weight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'harel_set_tenant_weight: a weight is 1 to 1000, not %', p_weight USING ERRCODE = 'PT012';
+    END IF;
+    PERFORM count(*) FROM harel_px_set_tenant_weight(p_tenant, p_weight);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION harel_px_tenants(p_now DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+LANGUAGE plproxy SET search_path FROM CURRENT
+AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
+
+CREATE OR REPLACE FUNCTION harel_tenants(p_now DOUBLE PRECISION DEFAULT NULL)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$ SELECT a.tenant, a.weight, a.groups, a.leased, a.ready,
+             CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END
+        FROM (SELECT t.tenant, max(t.weight) AS weight, sum(t.groups)::BIGINT AS groups,
+                     sum(t.leased)::BIGINT AS leased, sum(t.ready)::BIGINT AS ready
+                FROM harel_px_tenants(p_now) AS t
+               GROUP BY t.tenant) AS a
+       ORDER BY a.tenant $$;
+
 -- harel_counters: each partition's row (add them up).
 CREATE OR REPLACE FUNCTION harel_counters()
 RETURNS TABLE (published BIGINT, deleted BIGINT)
@@ -1078,6 +1144,7 @@ DECLARE
     v_groups TEXT[];
     v_events TEXT[];
     v_prios  INT[];
+    v_tenants TEXT[];
 BEGIN
     -- Sent already by an earlier firing: one index probe, not a scan.
     IF TG_TABLE_NAME = 'transport_px_messages' THEN
@@ -1089,13 +1156,13 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH m AS (DELETE FROM transport_px_messages RETURNING seq, group_id, event),
-         g AS (DELETE FROM transport_px_groups RETURNING group_id, priority)
+         g AS (DELETE FROM transport_px_groups RETURNING group_id, priority, tenant)
     SELECT array_agg(m.group_id ORDER BY m.seq), array_agg(m.event ORDER BY m.seq),
-           array_agg(COALESCE(g.priority, 0) ORDER BY m.seq)
-      INTO v_groups, v_events, v_prios
+           array_agg(COALESCE(g.priority, 0) ORDER BY m.seq), array_agg(g.tenant ORDER BY m.seq)
+      INTO v_groups, v_events, v_prios, v_tenants
       FROM m LEFT JOIN g ON g.group_id = m.group_id;
     IF v_groups IS NOT NULL THEN
-        PERFORM harel_publish_many(v_groups, v_events, v_prios);
+        PERFORM harel_publish_many(v_groups, v_events, v_prios, v_tenants);
     END IF;
     RETURN NULL;
 END
@@ -1109,3 +1176,27 @@ DROP TRIGGER IF EXISTS transport_groups_flush ON transport_px_groups;
 CREATE CONSTRAINT TRIGGER transport_groups_flush
     AFTER INSERT ON transport_px_groups DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION harel_px_flush();
+
+-- Roles granted the proxy's calls before an upgrade keep them: where the
+-- owner's default privileges revoke EXECUTE from PUBLIC, a function this
+-- script created anew (version 27 recreated the publishes, which took a
+-- tenant) or added would otherwise be the owner's alone. Every role that
+-- may execute harel_claim here may execute every harel_ function of this
+-- schema, as on a partition (functions/99_grants.sql).
+DO $pgtransport$
+DECLARE
+    r RECORD;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT quote_ident(pg_get_userbyid(a.grantee)) AS role
+          FROM pg_proc AS p, aclexplode(p.proacl) AS a
+         WHERE p.oid = 'harel_claim(double precision, double precision, text, integer)'::regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0
+    LOOP
+        EXECUTE (SELECT 'GRANT EXECUTE ON FUNCTION ' || string_agg(p.oid::regprocedure::text, ', ') || ' TO ' || r.role
+                   FROM pg_proc AS p
+                  WHERE p.pronamespace = (SELECT c.relnamespace FROM pg_class AS c WHERE c.oid = 'transport_px_groups'::regclass)
+                    AND p.proname LIKE 'harel\_%');
+    END LOOP;
+END
+$pgtransport$;

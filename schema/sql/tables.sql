@@ -85,9 +85,11 @@ CREATE TABLE transport_groups (
     state         BYTEA,             -- the group's exactly-once state; NULL: none (012)
     slot          INT NOT NULL DEFAULT nextval('transport_groups_slot'),  -- its place in the sweep, never rewritten (016)
     retry_at      DOUBLE PRECISION,  -- due before the sweep from then (a retry, a park, a give-back); NULL: not (016)
-    drained_at    DOUBLE PRECISION   -- when its last message was acked, the row kept for the next publish,
+    drained_at    DOUBLE PRECISION,  -- when its last message was acked, the row kept for the next publish,
                                      -- which leaves it (024); cleared by the next lease; NULL: not drained
                                      -- since (a hint: claims read the head all the same) (017, 024)
+    tenant        TEXT NOT NULL DEFAULT 'default'  -- the tenant, set by the publish that creates the row (027)
+                  CONSTRAINT transport_groups_tenant_valid CHECK (octet_length(tenant) BETWEEN 1 AND 256)
 ) WITH (
     -- Small and hot: vacuumed after a fixed number of dead rows, not a
     -- fraction of a table that is mostly churn, and never throttled (005);
@@ -110,29 +112,47 @@ CREATE INDEX transport_groups_paused
     ON transport_groups (group_id) WHERE paused;
 
 -- The ready log: one entry each time a group row became claimable at
--- once (created, freed with messages left, revived, resumed), in the
--- order it did, written by the triggers of functions/25_ready.sql and
--- deleted by the claim that takes it or finds it stale; the claims read
--- it from the frontier (functions/30_claim.sql, "The ready log"). Entry
--- numbers are drawn one at a time (CACHE 1) after the writer holds a
--- transaction id, which the frontier's check needs. (020)
+-- once (created, freed with messages left, revived, resumed), written by
+-- the triggers of functions/25_ready.sql and deleted by the claim that
+-- takes it or finds it stale; the claims read it from the frontier
+-- (functions/30_claim.sql, "The ready log") in (vt, rseq) order: vt places
+-- an entry among its tenant's and the other tenants' ("Shares" in
+-- 25_ready.sql), the number, drawn one at a time (CACHE 1), orders equal
+-- places. (020, 027)
 CREATE SEQUENCE transport_ready_rseq AS BIGINT MINVALUE 1 START 1 CACHE 1;
 CREATE TABLE transport_ready (
-    rseq     BIGINT PRIMARY KEY DEFAULT nextval('transport_ready_rseq'),
+    rseq     BIGINT NOT NULL DEFAULT nextval('transport_ready_rseq'),
     group_id TEXT NOT NULL,
-    priority INT NOT NULL      -- the group's when it became claimable (a claim's floor reads it)
+    priority INT NOT NULL,     -- the group's when it became claimable (a claim's floor reads it)
+    tenant   TEXT NOT NULL DEFAULT 'default',  -- the group's (027)
+    vt       BIGINT NOT NULL DEFAULT 0,        -- its place: a virtual time (027)
+    PRIMARY KEY (vt, rseq)
 ) WITH (
     -- Only ever inserted and deleted: vacuumed after a fixed number of
     -- dead rows, never throttled. (020)
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_cost_delay = 0);
--- The frontier: no entry below it is live or still to commit. The
--- pending check that moves it: the last entry number when it was
--- recorded, and a transaction id taken after that (0: none). (020)
-CREATE SEQUENCE transport_ready_front AS BIGINT MINVALUE 1 START 1;
-CREATE SEQUENCE transport_ready_check_rseq AS BIGINT MINVALUE 0 START 0;
+-- A tenant's last entry, for the next one's place. (027)
+CREATE INDEX transport_ready_tenant
+    ON transport_ready (tenant, vt);
+-- The frontier, a vt: no entry below it is live or still to commit. The
+-- pending check that moves it: the virtual time when it was recorded,
+-- and a transaction id taken after that (0: none). (020, 027)
+CREATE SEQUENCE transport_ready_front AS BIGINT MINVALUE 0 START 1;
+CREATE SEQUENCE transport_ready_check_vt AS BIGINT MINVALUE 0 START 0;
 CREATE SEQUENCE transport_ready_check_xid AS BIGINT MINVALUE 0 START 0;
+-- The virtual time: the highest vt the claims read. (027)
+CREATE SEQUENCE transport_ready_vnow AS BIGINT MINVALUE 0 START 0;
+
+-- The tenants given a weight or charged for a hand-out outside the ready
+-- log; a tenant with no row weighs 1 (functions/25_ready.sql, "Shares").
+-- (027)
+CREATE TABLE transport_tenants (
+    tenant  TEXT PRIMARY KEY CHECK (octet_length(tenant) BETWEEN 1 AND 256),
+    weight  INT NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    charged BIGINT NOT NULL DEFAULT 0  -- its next entries go past this vt
+);
 
 -- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or
 -- above min_priority, until a time they refresh while idle. (003, 005)

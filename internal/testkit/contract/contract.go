@@ -74,6 +74,8 @@ type Operator interface {
 	ResumeGroup(ctx context.Context, group string) error
 	PurgeGroup(ctx context.Context, group string, limit int) (int64, error)
 	Work(ctx context.Context, cfg pgtransport.WorkerConfig, h pgtransport.Handler) error
+	SetTenantWeight(ctx context.Context, tenant string, weight int) error
+	Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error)
 }
 
 // Exactly is the exactly-once calls, in the blocking form: every
@@ -122,6 +124,7 @@ var areas = []area{
 	{"Dedup", dedupCases, false},
 	{"Policy", policyCases, false},
 	{"Operations", operationsCases, false},
+	{"Tenants", tenantsCases, false},
 	{"ExactlyOnce", exactlyOnceCases, false},
 	{"Lifecycle", lifecycleCases, false},
 	{"LostReplies", lostRepliesCases, false},

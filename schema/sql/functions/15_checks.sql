@@ -30,6 +30,10 @@
 --     to, or drained.
 --   PT008 state too large (version 12): harel_ack_state of a state
 --     longer than 262,144 bytes.
+--   PT011 invalid tenant (version 27): a publish or an operator's call
+--     naming a tenant that is empty or longer than 256 bytes.
+--   PT012 invalid weight (version 27): harel_set_tenant_weight of a weight
+--     NULL or outside 1 to 1,000.
 -- The bound is the setting pgtransport.max_clock_skew, read at each call
 -- (SET for a session, ALTER ROLE or ALTER DATABASE ... SET for many): a
 -- number of seconds or any interval ('2.5', '1 min'); unset or empty,
@@ -163,5 +167,20 @@ SET jit = off
 AS $$
 BEGIN
     RAISE EXCEPTION '%: arrays of different lengths', p_fn USING ERRCODE = '22023';
+END
+$$;
+
+-- harel_refuse_tenant: PT011, a tenant that is empty or longer than 256
+-- bytes.
+CREATE OR REPLACE FUNCTION harel_refuse_tenant(p_fn TEXT, p_tenant TEXT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    RAISE EXCEPTION '%: a tenant is 1 to 256 bytes, not % bytes', p_fn, octet_length(p_tenant) USING ERRCODE = 'PT011';
 END
 $$;

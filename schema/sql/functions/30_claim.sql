@@ -17,12 +17,15 @@
 -- never fails or parks never enters that index.
 --
 -- The ready log. Then the groups of the log's entries from the frontier on
--- (transport_ready, 25_ready.sql), in entry order: the groups that became
--- claimable, in the order they did. So groups are served longest-ready
--- first: a group that becomes claimable waits for those that became
--- claimable before it, each handed out once, so at most as many hand-outs
--- as there are claimable groups, due groups and kept leases aside
--- (TestClaimsServeGroupsInTheOrderTheyBecameClaimable). A claim reads the
+-- (transport_ready, 25_ready.sql), in (vt, number) order: a tenant's
+-- groups in the order they became claimable, tenants interleaved by
+-- weight ("Shares" in 25_ready.sql). So with one tenant groups are served
+-- longest-ready first: a group that becomes claimable waits for those
+-- that became claimable before it, each handed out once, so at most as
+-- many hand-outs as there are claimable groups, due groups and kept
+-- leases aside (TestClaimsServeGroupsInTheOrderTheyBecameClaimable); with
+-- several, for about one turn of each other tenant a step
+-- (TestSharesInterleaveTenants). A claim reads the
 -- entries it takes, the dead ones before them and the rows they name:
 -- not the rows no entry names, nor their versions under a held snapshot. It
 -- locks an entry (FOR UPDATE SKIP LOCKED), then its group row, checked as
@@ -265,9 +268,12 @@ DECLARE
     v_swept   TEXT[];    -- what the sweep picked, both walks
     v_n0      INT;       -- how many were picked before the sweep
     v_front   BIGINT;    -- the ready log's frontier
-    v_rnext   BIGINT := 0;  -- where this call reads the log on from
-    v_rseqs   BIGINT[];  -- the entries it picked
+    v_rvt     BIGINT := -1;  -- where this call reads the log on from: past (v_rvt, v_rrs)
+    v_rrs     BIGINT := 0;
+    v_rtids   TID[];     -- the entries it picked (locked: no other deletes them)
     v_rgroups TEXT[];    -- and their groups
+    v_due     TEXT[];    -- the due groups picked
+    v_charge  TEXT[];    -- the groups handed out outside the log
     v_t0      TIMESTAMPTZ;  -- when it began
     v_ms      DOUBLE PRECISION;  -- how long its walk took (ms)
     v_n       INT;
@@ -312,16 +318,28 @@ BEGIN
                    FOR NO KEY UPDATE SKIP LOCKED) AS c;
         -- Then the ready log, from the frontier and past what this call
         -- read before ("The ready log").
+        v_due := v_groups;
         v_n := COALESCE(cardinality(v_groups), 0);
         IF v_n < p_limit THEN
-            SELECT array_agg(r.rseq), array_agg(r.group_id), max(r.rseq) + 1 INTO v_rseqs, v_rgroups, v_rnext
-              FROM (SELECT r.rseq, r.group_id
+            SELECT array_agg(r.ctid), array_agg(r.group_id),
+                   COALESCE((array_agg(r.vt ORDER BY r.vt DESC, r.rseq DESC))[1], v_rvt),
+                   COALESCE((array_agg(r.rseq ORDER BY r.vt DESC, r.rseq DESC))[1], v_rrs)
+              INTO v_rtids, v_rgroups, v_rvt, v_rrs  -- and on past the last entry read
+              FROM (SELECT r.ctid, r.rseq, r.group_id, r.vt
                       FROM transport_ready AS r
-                     WHERE r.rseq >= GREATEST(v_front, v_rnext) AND r.priority >= p_min_priority
-                     ORDER BY r.rseq
+                     WHERE r.vt >= v_front AND (r.vt, r.rseq) > (v_rvt, v_rrs) AND r.priority >= p_min_priority
+                     ORDER BY r.vt, r.rseq
                      LIMIT p_limit - v_n
                        FOR UPDATE SKIP LOCKED) AS r;
-            IF v_rseqs IS NOT NULL THEN
+            IF v_rtids IS NOT NULL THEN
+                -- The virtual time moves to the last entry read, by the
+                -- claim that holds the frontier's lock (harel_ready_front;
+                -- tried, never waited for, then held to its end), so that
+                -- it only grows. One statement: each costs microseconds.
+                PERFORM setval('transport_ready_vnow', v_rvt)
+                  FROM transport_ready_vnow AS v
+                 WHERE v_rvt > v.last_value
+                   AND pg_try_advisory_xact_lock(('transport_ready'::regclass::oid::bigint & 2147483647)::int, 0);
                 SELECT COALESCE(v_groups, '{}') || array_agg(c.group_id), COALESCE(v_dseqs, '{}') || array_agg(c.delivered_seq),
                        COALESCE(v_atts, '{}') || array_agg(c.attempts)
                   INTO v_groups, v_dseqs, v_atts
@@ -335,15 +353,13 @@ BEGIN
                            AND (v_groups IS NULL OR c.group_id <> ALL (v_groups))
                            FOR NO KEY UPDATE SKIP LOCKED) AS c;
                 DELETE FROM transport_ready AS r
-                 WHERE r.rseq = ANY (v_rseqs)
+                 WHERE r.ctid = ANY (v_rtids)
                    AND (r.group_id = ANY (COALESCE(v_groups, '{}'))
                         OR NOT EXISTS (SELECT 1 FROM transport_groups AS g
                                         WHERE g.group_id = r.group_id AND NOT g.paused
                                           AND (g.locked_by IS NULL OR g.lock_expiry < p_now)
                                           AND (g.drained_at IS NULL
                                                OR (SELECT m.seq FROM transport_messages AS m WHERE m.group_id = g.group_id ORDER BY m.seq DESC LIMIT 1) IS NOT NULL)));
-            ELSE
-                v_rnext := GREATEST(v_front, v_rnext);
             END IF;
         END IF;
 
@@ -447,6 +463,16 @@ BEGIN
                 EXIT WHEN v_groups IS NULL;
             END IF;
         END LOOP;
+
+        -- The hand-outs outside the log (due groups, the sweep's) are
+        -- charged to their tenants ("Shares" in 25_ready.sql).
+        IF v_due IS NOT NULL OR cardinality(v_swept) > 0 THEN
+            v_charge := ARRAY(SELECT u.gid FROM unnest(v_groups, v_heads) AS u(gid, s)
+                               WHERE u.s IS NOT NULL AND u.gid = ANY (COALESCE(v_due, '{}') || COALESCE(v_swept, '{}')));
+            IF cardinality(v_charge) > 0 THEN
+                PERFORM harel_ready_charge(v_charge);
+            END IF;
+        END IF;
 
         -- Lease the groups that have a head, counting the attempt in the
         -- same write, and return them.

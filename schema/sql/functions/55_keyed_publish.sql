@@ -9,14 +9,15 @@
 -- unique index) and returns its seq; if the first rolls back, the second
 -- stores. A key is 1 to 256 bytes (PT006 otherwise). Every message gets
 -- its seq first, in array order, so order within a group is array order,
--- as in harel_publish_many. Each call also deletes up to twice its size
+-- as in harel_publish_many, and so are tenants (p_tenants). Each call also deletes up to twice its size
 -- (plus 8) of expired keys, so the table stays bounded with no job to run.
 CREATE OR REPLACE FUNCTION harel_publish_keyed(
     p_groups     TEXT[],
     p_events     TEXT[],
     p_priorities INT[],
     p_keys       TEXT[],
-    p_window     DOUBLE PRECISION)
+    p_window     DOUBLE PRECISION,
+    p_tenants    TEXT[] DEFAULT NULL)
 RETURNS SETOF BIGINT
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -33,11 +34,16 @@ DECLARE
     v_new   BOOLEAN[];  -- per input: stored
     v_groups TEXT[];    -- the stored messages' groups
     v_prios  INT[];     -- and priorities
+    v_tenants TEXT[];   -- and tenants
 BEGIN
     IF cardinality(p_events) IS DISTINCT FROM cardinality(p_groups)
        OR cardinality(p_priorities) IS DISTINCT FROM cardinality(p_groups)
-       OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_groups) THEN
+       OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_groups)
+       OR (p_tenants IS NOT NULL AND cardinality(p_tenants) IS DISTINCT FROM cardinality(p_groups)) THEN
         PERFORM harel_refuse_lengths('harel_publish_keyed');
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_tenants) AS t WHERE octet_length(t) NOT BETWEEN 1 AND 256) THEN
+        PERFORM harel_refuse_tenant('harel_publish_keyed', (SELECT t FROM unnest(p_tenants) AS t WHERE octet_length(t) NOT BETWEEN 1 AND 256 LIMIT 1));
     END IF;
     IF p_window IS NULL OR p_window < 0 THEN
         RAISE EXCEPTION 'harel_publish_keyed: p_window (%) is NULL or negative', p_window USING ERRCODE = 'PT006';
@@ -84,11 +90,12 @@ BEGIN
       FROM unnest(v_seqs, p_groups, p_events, v_new) WITH ORDINALITY AS u(s, g, e, n, i)
      WHERE u.n
      ORDER BY u.i;
-    SELECT array_agg(u.g ORDER BY u.i), array_agg(u.p ORDER BY u.i) INTO v_groups, v_prios
+    SELECT array_agg(u.g ORDER BY u.i), array_agg(u.p ORDER BY u.i), array_agg(p_tenants[u.i] ORDER BY u.i)
+      INTO v_groups, v_prios, v_tenants
       FROM unnest(p_groups, p_priorities, v_new) WITH ORDINALITY AS u(g, p, n, i)
      WHERE u.n;
     IF v_groups IS NOT NULL THEN
-        PERFORM harel_ready_groups(v_groups, v_prios);
+        PERFORM harel_ready_groups(v_groups, v_prios, v_tenants);
     END IF;
 
     -- Expired keys, last, so that this cleanup (which never waits: SKIP

@@ -684,3 +684,75 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- harel_set_tenant_weight sets p_tenant's weight (functions/25_ready.sql,
+-- "Shares"), 1 to 1,000: under contention each tenant with ready groups
+-- is handed out in proportion to its weight. A tenant never set weighs 1;
+-- setting 1 keeps its row (and its charge). A tenant that is empty or
+-- longer than 256 bytes is refused (PT011), a weight NULL or outside 1 to
+-- 1,000 too (PT012), before anything is written. The entries already in
+-- the log keep their places: the weight places the tenant's next ones.
+CREATE OR REPLACE FUNCTION harel_set_tenant_weight(p_tenant TEXT, p_weight INT)
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    IF p_tenant IS NULL OR octet_length(p_tenant) NOT BETWEEN 1 AND 256 THEN
+        PERFORM harel_refuse_tenant('harel_set_tenant_weight', COALESCE(p_tenant, ''));
+    END IF;
+    IF p_weight IS NULL OR p_weight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'harel_set_tenant_weight: a weight is 1 to 1000, not %', p_weight USING ERRCODE = 'PT012';
+    END IF;
+    INSERT INTO transport_tenants AS t (tenant, weight) VALUES (p_tenant, p_weight)
+    ON CONFLICT (tenant) DO UPDATE SET weight = EXCLUDED.weight;
+END
+$$;
+
+-- harel_tenants lists the tenants (functions/25_ready.sql, "Shares"), in
+-- tenant order: each that has group rows or a row of its own, with its
+-- weight, its groups (kept rows of drained groups aside), those leased
+-- at p_now (NULL: the server's clock), its entries in the ready log (the
+-- groups waiting their turn), and its share: its weight over the weights
+-- of the tenants with entries, what it is handed out under contention (0
+-- with none). It reads every group row: an operator's call.
+CREATE OR REPLACE FUNCTION harel_tenants(p_now DOUBLE PRECISION DEFAULT NULL)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   DOUBLE PRECISION := COALESCE(p_now, date_part('epoch', clock_timestamp()));
+    v_front BIGINT := (SELECT f.last_value FROM transport_ready_front AS f);
+BEGIN
+    PERFORM set_config('enable_seqscan', 'on', true);
+    RETURN QUERY
+        WITH g AS (
+            SELECT g.tenant, count(*) AS groups,
+                   count(*) FILTER (WHERE g.locked_by <> '' AND g.lock_expiry >= v_now) AS leased
+              FROM transport_groups AS g
+             WHERE g.drained_at IS NULL
+                OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
+             GROUP BY g.tenant
+        ), r AS (
+            SELECT r.tenant, count(*) AS ready FROM transport_ready AS r WHERE r.vt >= v_front GROUP BY r.tenant
+        ), a AS (
+            SELECT COALESCE(g.tenant, t.tenant) AS tenant, COALESCE(t.weight, 1) AS weight,
+                   COALESCE(g.groups, 0) AS groups, COALESCE(g.leased, 0) AS leased, COALESCE(r.ready, 0) AS ready
+              FROM g
+              FULL JOIN transport_tenants AS t ON t.tenant = g.tenant
+              LEFT JOIN r ON r.tenant = COALESCE(g.tenant, t.tenant)
+        )
+        SELECT a.tenant, a.weight, a.groups, a.leased, a.ready,
+               CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END
+          FROM a
+         ORDER BY a.tenant;
+END
+$$;

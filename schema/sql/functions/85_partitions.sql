@@ -129,7 +129,7 @@ END
 $$;
 
 -- harel_px_publish_many is harel_publish_many (p_window NULL) or
--- harel_publish_keyed, each seq beside its input's place, and, while the
+-- harel_publish_keyed (with p_tenants), each seq beside its input's place, and, while the
 -- cluster grows, a publish if here: the messages of a group whose home is
 -- another partition and that has nothing left here (harel_stays, asked in
 -- group order) are not published and come back with a NULL seq, for the
@@ -140,7 +140,8 @@ CREATE OR REPLACE FUNCTION harel_px_publish_many(
     p_events     TEXT[],
     p_priorities INT[],
     p_keys       TEXT[],
-    p_window     DOUBLE PRECISION)
+    p_window     DOUBLE PRECISION,
+    p_tenants    TEXT[] DEFAULT NULL)
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -157,8 +158,8 @@ BEGIN
             RETURN QUERY SELECT p_ords[u.n]::INT, NULL::BIGINT
                            FROM unnest(p_groups) WITH ORDINALITY AS u(g, n) WHERE u.g = ANY (v_gone);
             SELECT array_agg(p_ords[n] ORDER BY n), array_agg(p_groups[n] ORDER BY n), array_agg(p_events[n] ORDER BY n),
-                   array_agg(p_priorities[n] ORDER BY n), array_agg(p_keys[n] ORDER BY n)
-              INTO p_ords, p_groups, p_events, p_priorities, p_keys
+                   array_agg(p_priorities[n] ORDER BY n), array_agg(p_keys[n] ORDER BY n), array_agg(p_tenants[n] ORDER BY n)
+              INTO p_ords, p_groups, p_events, p_priorities, p_keys, p_tenants
               FROM generate_subscripts(p_groups, 1) AS n
              WHERE p_groups[n] IS NULL OR p_groups[n] <> ALL (v_gone);
             IF p_groups IS NULL THEN
@@ -166,7 +167,7 @@ BEGIN
             END IF;
         END;
     END IF;
-    RETURN QUERY SELECT * FROM harel_px_publish_home(p_ords, p_groups, p_events, p_priorities, p_keys, p_window);
+    RETURN QUERY SELECT * FROM harel_px_publish_home(p_ords, p_groups, p_events, p_priorities, p_keys, p_window, p_tenants);
 END
 $$;
 
@@ -174,7 +175,8 @@ $$;
 -- nothing written for a group whose home is another partition and that
 -- has nothing left here (harel_stays): the proxy then publishes it, strict,
 -- in its new home, where the fence refuses (PT010) what lives elsewhere.
-CREATE OR REPLACE FUNCTION harel_px_publish_here(p_part INT, p_group TEXT, p_event TEXT, p_priority INT, p_strict BOOLEAN)
+CREATE OR REPLACE FUNCTION harel_px_publish_here(p_part INT, p_group TEXT, p_event TEXT, p_priority INT, p_strict BOOLEAN,
+                                                 p_tenant TEXT DEFAULT NULL)
 RETURNS BIGINT
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -186,7 +188,7 @@ BEGIN
     IF NOT p_strict AND EXISTS (SELECT 1 FROM harel_left(ARRAY[p_group])) THEN
         RETURN NULL;
     END IF;
-    RETURN harel_publish(p_group, p_event, p_priority);
+    RETURN harel_publish(p_group, p_event, p_priority, p_tenant);
 END
 $$;
 
@@ -201,7 +203,8 @@ CREATE OR REPLACE FUNCTION harel_px_publish_home(
     p_events     TEXT[],
     p_priorities INT[],
     p_keys       TEXT[],
-    p_window     DOUBLE PRECISION)
+    p_window     DOUBLE PRECISION,
+    p_tenants    TEXT[] DEFAULT NULL)
 RETURNS TABLE (ord INT, seq BIGINT)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -212,10 +215,10 @@ AS $$
 BEGIN
     IF p_window IS NULL THEN
         RETURN QUERY SELECT p_ords[r.n]::INT, r.s
-                       FROM harel_publish_many(p_groups, p_events, p_priorities) WITH ORDINALITY AS r(s, n);
+                       FROM harel_publish_many(p_groups, p_events, p_priorities, p_tenants) WITH ORDINALITY AS r(s, n);
     ELSE
         RETURN QUERY SELECT p_ords[r.n]::INT, r.s
-                       FROM harel_publish_keyed(p_groups, p_events, p_priorities, p_keys, p_window) WITH ORDINALITY AS r(s, n);
+                       FROM harel_publish_keyed(p_groups, p_events, p_priorities, p_keys, p_window, p_tenants) WITH ORDINALITY AS r(s, n);
     END IF;
 END
 $$;
@@ -321,3 +324,29 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$ SELECT * FROM harel_groups(p_now, p_state, p_order, p_offset, p_limit) $$;
+
+-- harel_px_set_tenant_weight and harel_px_tenants are harel_set_tenant_weight
+-- and harel_tenants for a proxy's RUN ON ALL (it sets each partition's
+-- weight and merges their tenants): a row back from each.
+CREATE OR REPLACE FUNCTION harel_px_set_tenant_weight(p_tenant TEXT, p_weight INT)
+RETURNS INT
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM harel_set_tenant_weight(p_tenant, p_weight);
+    RETURN 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION harel_px_tenants(p_now DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$ BEGIN RETURN QUERY SELECT * FROM harel_tenants(p_now); END $$;

@@ -10,21 +10,24 @@
 -- fail (and a refusal would come as 42501, insufficient_privilege, instead
 -- of its own code). They compute a hash, a lock key and a group's state
 -- from its arguments, take the guard's advisory locks, which any role may
--- take anyway (pg_advisory_lock is PUBLIC's), or raise an error, so PUBLIC
--- may always execute them.
+-- take anyway (pg_advisory_lock is PUBLIC's), or raise an error, or
+-- (harel_ready_place) read the queue's tables with the caller's own
+-- rights, so PUBLIC may always execute them.
 GRANT EXECUTE ON FUNCTION
     harel_group_lock_key(TEXT),
     harel_guard_class(),
     harel_try_guard(TEXT),
     harel_share_guard(TEXT),
     harel_clock_skewed(DOUBLE PRECISION),
+    harel_ready_place(TEXT),
     harel_group_state(TEXT, DOUBLE PRECISION, BOOLEAN, DOUBLE PRECISION),
     harel_refuse_token(TEXT),
     harel_refuse_lease(TEXT, DOUBLE PRECISION, DOUBLE PRECISION),
     harel_refuse_lease_past(TEXT, DOUBLE PRECISION),
     harel_refuse_skew(TEXT, DOUBLE PRECISION),
     harel_refuse_group(TEXT, TEXT),
-    harel_refuse_lengths(TEXT)
+    harel_refuse_lengths(TEXT),
+    harel_refuse_tenant(TEXT, TEXT)
     TO PUBLIC;
 
 -- Roles granted access before an upgrade keep working after it. A role
@@ -34,7 +37,9 @@ GRANT EXECUTE ON FUNCTION
 -- any delete of a group row with a state may write, and on the claim's
 -- floor sequences, which every claim reads; since version 13, read on
 -- transport_partition, which a proxy's check reads; since version 20,
--- the ready log and its sequences, which every claim and ack writes); and where the
+-- the ready log and its sequences, which every claim and ack writes; since
+-- version 27, transport_tenants, which every entry reads and a claim
+-- may write, and the virtual time); and where the
 -- owner's default privileges revoke EXECUTE
 -- from PUBLIC, none on the functions it added. So every role that may
 -- update transport_groups (PUBLIC aside) gets the same on the tables
@@ -52,10 +57,10 @@ BEGIN
          WHERE c.oid = 'transport_groups'::regclass
            AND a.privilege_type = 'UPDATE' AND a.grantee <> c.relowner AND a.grantee <> 0
     LOOP
-        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states, transport_ready TO ' || r.role;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states, transport_ready, transport_tenants TO ' || r.role;
         EXECUTE 'GRANT SELECT ON transport_policy, transport_partition TO ' || r.role;
         EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap, transport_claim_rest, '
-             || 'transport_ready_rseq, transport_ready_front, transport_ready_check_rseq, transport_ready_check_xid, transport_claim_reap_cursor TO ' || r.role;
+             || 'transport_ready_rseq, transport_ready_front, transport_ready_check_vt, transport_ready_check_xid, transport_ready_vnow, transport_claim_reap_cursor TO ' || r.role;
         EXECUTE 'GRANT USAGE ON SEQUENCE transport_ready_rseq TO ' || r.role;
     END LOOP;
     FOR r IN
