@@ -204,13 +204,19 @@ func TestReadyLogLosesNoEntry(t *testing.T) {
 	}
 	is.Equal(handed.Load(), published.Load()) // every group handed out
 	c := db.Conn(t)
-	for range 3 { // quiet: checks recorded and passed
+	// Quiet: checks recorded and passed, and the entries of groups a
+	// sweep leased while a claim held their entries (stale since) passed
+	// and deleted, one a claim of one; a few a run.
+	var below, left int
+	for range 100 {
 		now := float64(time.Now().UnixMicro()) / 1e6
 		_, err := c.Exec(ctx, `SELECT * FROM harel_claim($1::float8, $1::float8 + 60, 'q')`, now)
 		is.NoErr(err)
+		is.NoErr(c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE vt < (SELECT last_value FROM transport_ready_front)), count(*) FROM transport_ready`).Scan(&below, &left))
+		if left == 0 {
+			break
+		}
 	}
-	var below, left int
-	is.NoErr(c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE vt < (SELECT last_value FROM transport_ready_front)), count(*) FROM transport_ready`).Scan(&below, &left))
 	is.Equal(below, 0) // no entry skipped by the frontier
 	is.Equal(left, 0)  // and none left: every one was taken
 }
