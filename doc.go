@@ -184,7 +184,10 @@
 // group that becomes claimable waits for about one turn of each other
 // tenant. Retries and lapsed leases are charged to their tenant as turns.
 // With no tenant named anywhere, the order is the one above.
-// Over partitions the shares hold per partition. docs/design.md, "Shares
+// Over partitions the shares hold per partition. Tenants lists each
+// tenant's weight, groups, share and deliveries so far; Rates turns two
+// readings into deliveries per second and the share measured;
+// GroupQuery.Tenant lists one tenant's groups. docs/design.md, "Shares
 // across tenants", and docs/protocol.md, "Tenants", say how.
 //
 // Priorities. A group's priority (0 to 4) is set by the publish that

@@ -69,6 +69,7 @@ const (
 // GroupQuery selects a page of groups.
 type GroupQuery struct {
 	State  GroupState // "" means every state
+	Tenant string     // "" means every tenant; else at most MaxTenantBytes (ErrInvalidTenant)
 	Order  GroupOrder // "" means ByGroup
 	Offset int        // rows to skip: 0 from the start, else the rows already seen
 	Limit  int        // the page size: 0 means DefaultGroupLimit; at most MaxBatch (ErrInvalidBatch)
@@ -91,6 +92,49 @@ type TenantInfo struct {
 	// Share is what it is handed out under contention: its weight over
 	// the weights of the tenants with Ready > 0 (0 with none).
 	Share float64
+	// Delivered counts the messages handed out from its groups so far
+	// (each claim's, each kept group's next; a retry again): two readings
+	// give its deliveries per second and its measured share (Rates).
+	// From schema version 28; it never goes back.
+	Delivered int64
+}
+
+// TenantRate is one tenant's deliveries between two readings of Tenants
+// (Rates).
+type TenantRate struct {
+	Tenant string
+	// PerSecond is its deliveries per second between the readings.
+	PerSecond float64
+	// Measured is its share of all deliveries between them (0 with
+	// none), to set beside its Share.
+	Measured float64
+}
+
+// Rates is each tenant's deliveries per second and measured share from
+// prev to cur, two readings of Tenants taken elapsed apart, in cur's
+// order: a tenant new in cur counts from 0. A negative elapsed, or none,
+// gives zero rates.
+func Rates(prev, cur []TenantInfo, elapsed time.Duration) []TenantRate {
+	before := make(map[string]int64, len(prev))
+	for _, t := range prev {
+		before[t.Tenant] = t.Delivered
+	}
+	out := make([]TenantRate, len(cur))
+	var total int64
+	for _, t := range cur {
+		total += max(t.Delivered-before[t.Tenant], 0)
+	}
+	for i, t := range cur {
+		out[i].Tenant = t.Tenant
+		d := max(t.Delivered-before[t.Tenant], 0)
+		if elapsed > 0 {
+			out[i].PerSecond = float64(d) / elapsed.Seconds()
+		}
+		if total > 0 && elapsed > 0 {
+			out[i].Measured = float64(d) / float64(total)
+		}
+	}
+	return out
 }
 
 // GroupInfo is one group as an operator sees it.
@@ -115,6 +159,9 @@ type GroupInfo struct {
 	HeadAge time.Duration
 	// Attempts is how many times the head was handed out (0: never yet).
 	Attempts int
+	// Tenant is the group's tenant (DefaultTenant where its first publish
+	// named none; "" from a schema before version 28).
+	Tenant string
 }
 
 // PeekedMessage is one of a group's next messages, read without a lease.

@@ -193,22 +193,7 @@ func (r *runner) table() string {
 		}
 	}
 	if r.has("tenants") {
-		b.WriteString("\n### Shares across tenants (one stream, 64 in flight, handlers that ack at once)\n\n")
-		b.WriteString("Over a window of hand-outs while every tenant has a backlog. Jain: Jain's fairness index of the tenants' hand-outs over their weights (1: exactly by weight); deviation: the largest of a tenant's share over its weight's, less 1; light p99: the light tenants' waits, from the ack that left a group claimable to its next lease; vs one tenant: the window's rate over the same queue's with every group in one tenant.\n\n")
-		b.WriteString("| workload | Jain | max deviation | light p99 ms | vs one tenant |\n| --- | ---: | ---: | ---: | ---: |\n")
-		for _, w := range tenantWorkloads {
-			cells := []string{w.name + ": " + w.what}
-			for _, m := range tenantMetrics {
-				res, _ := r.find("tenants", "async", w.name+"/"+m, fairInFlight, w.groups())
-				if m == "light-p99-ms" {
-					cells = append(cells, figure(res))
-					continue
-				}
-				lo, hi := res.spread()
-				cells = append(cells, fmt.Sprintf("%.3f (%.3f-%.3f)", res.median(), lo, hi))
-			}
-			fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
-		}
+		b.WriteString(tenantsTable(r))
 	}
 	if r.has("latency") {
 		b.WriteString("\n### Publish-to-receive latency into an idle async consumer (ms)\n\n")

@@ -587,7 +587,7 @@ func Grants(schema, role string) (string, error) {
 	return strings.Join([]string{
 		"GRANT USAGE ON SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + s + ".transport_messages, " + s + ".transport_groups, " + s + ".transport_waiters, " +
-			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states, " + s + ".transport_ready, " + s + ".transport_tenants TO " + r,
+			s + ".transport_dead_letters, " + s + ".transport_dedup, " + s + ".transport_kept_states, " + s + ".transport_ready, " + s + ".transport_tenants, " + s + ".transport_tenant_counts TO " + r,
 		"GRANT SELECT ON " + s + ".transport_schema_version, " + s + ".transport_policy, " + s + ".transport_partition TO " + r,
 		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,
 		"GRANT SELECT, UPDATE ON SEQUENCE " + s + ".transport_groups_slot, " + s + ".transport_claim_cursor, " + s + ".transport_claim_wrap, " + s + ".transport_claim_rest, " +

@@ -194,6 +194,54 @@ func TestSharesChargeTurns(t *testing.T) {
 	is.Equal(entry("k2")-charged, int64(step)) // t's next entry goes past the charge
 }
 
+// TestTenantDeliveries: harel_tenants' delivered counts each hand-out
+// of a tenant's groups (a claim's, a kept group's next message), and
+// keeps them when the rows are deleted (transport_tenant_counts).
+func TestTenantDeliveries(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 2))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	c := db.Conn(t)
+	_, err := c.Exec(ctx(t), `SELECT harel_publish('k', 'e' || i, 0, 't') FROM generate_series(1, 4) AS i`)
+	is.NoErr(err)
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('o', 'e', 0, 'u')`)
+	is.NoErr(err)
+	delivered := func() map[string]int64 {
+		t.Helper()
+		rows, err := c.Query(ctx(t), `SELECT tenant, delivered FROM harel_tenants(1001)`)
+		is.NoErr(err)
+		out := map[string]int64{}
+		var tn string
+		var d int64
+		_, err = pgx.ForEachRow(rows, []any{&tn, &d}, func() error { out[tn] = d; return nil })
+		is.NoErr(err)
+		return out
+	}
+	is.Equal(delivered(), map[string]int64{"t": 0, "u": 0})
+	rows, err := c.Query(ctx(t), `SELECT group_id, seq FROM harel_claim_many(1001, 1060, 'w', 0, 2)`)
+	is.NoErr(err)
+	seqs := map[string]int64{}
+	var g string
+	var seq int64
+	_, err = pgx.ForEachRow(rows, []any{&g, &seq}, func() error { seqs[g] = seq; return nil })
+	is.NoErr(err)
+	is.Equal(len(seqs), 2)
+	seq = seqs["k"]
+	for range 3 { // kept for its next message three times
+		is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_ack_claim('k', $1, 'w', true, 1001, 1060, 'w', 0)`, seq).Scan(&seq))
+	}
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 1})
+	var held bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_nack('o', 'w', 1001, 0)`).Scan(&held))
+	is.True(held)
+	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1002, 1060, 'w')`).Scan(&seq))
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2}) // a retry is a delivery too
+	_, err = c.Exec(ctx(t), `DELETE FROM transport_groups`)
+	is.NoErr(err)
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2}) // the rows went, their counts stay
+}
+
 // TestTenantCallsRefuseBadInput: an empty or over-long tenant is PT011, a
 // weight outside 1 to 1,000 PT012, and nothing is written.
 func TestTenantCallsRefuseBadInput(t *testing.T) {
@@ -262,17 +310,39 @@ func TestProxyTenants(t *testing.T) {
 		Groups, Leased int64
 		Ready          int64
 		Share          float64
+		Delivered      int64
 	}
-	rows, err := p.Proxy.Query(ctx(t), `SELECT * FROM harel_tenants()`)
-	is.NoErr(err)
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[tenant])
-	is.NoErr(err)
-	is.Equal(got, []tenant{
-		{"default", 1, 1, 0, 1, 1.0 / 8},
-		{"many", 1, 2, 0, 2, 1.0 / 8},
-		{"one", 5, 8, 0, 8, 5.0 / 8},
-		{"sql", 1, 1, 0, 1, 1.0 / 8},
+	tenants := func() []tenant {
+		t.Helper()
+		rows, err := p.Proxy.Query(ctx(t), `SELECT * FROM harel_tenants()`)
+		is.NoErr(err)
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[tenant])
+		is.NoErr(err)
+		return got
+	}
+	is.Equal(tenants(), []tenant{
+		{"default", 1, 1, 0, 1, 1.0 / 8, 0},
+		{"many", 1, 2, 0, 2, 1.0 / 8, 0},
+		{"one", 5, 8, 0, 8, 5.0 / 8, 0},
+		{"sql", 1, 1, 0, 1, 1.0 / 8, 0},
 	})
+	rows, err := p.Proxy.Query(ctx(t), `SELECT group_id, tenant FROM harel_groups(NULL, NULL, 'group', 0, 100, 'many')`)
+	is.NoErr(err)
+	type row struct{ Group, Tenant string }
+	many, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	is.NoErr(err)
+	is.Equal(many, []row{{"many-1", "many"}, {"many-2", "many"}}) // the tenant's groups, from every partition
+	// Every group handed out once: the deliveries add up over the
+	// partitions, each to its tenant.
+	for range 12 {
+		var g string
+		is.NoErr(p.Proxy.QueryRow(ctx(t), `SELECT group_id FROM harel_claim(`+nowSQL+`, `+nowSQL+` + 30, 'w:1')`).Scan(&g))
+	}
+	delivered := map[string]int64{}
+	for _, tn := range tenants() {
+		delivered[tn.Tenant] = tn.Delivered
+	}
+	is.Equal(delivered, map[string]int64{"default": 1, "many": 2, "one": 8, "sql": 1})
 	for _, part := range p.Parts {
 		var w int
 		is.NoErr(part.QueryRow(ctx(t), `SELECT weight FROM transport_tenants WHERE tenant = 'one'`).Scan(&w))

@@ -34,13 +34,14 @@ type groupJSON struct {
 	HeadSeq  int64      `json:"head_seq"`
 	HeadAge  float64    `json:"head_age_seconds"`
 	Attempts int        `json:"attempts"`
+	Tenant   string     `json:"tenant"`
 }
 
 func toGroupJSON(g pgtransport.GroupInfo) groupJSON {
 	return groupJSON{
 		Group: g.Group, Priority: g.Priority, State: string(g.State), Holder: g.Holder,
 		LeasedAt: timeOrNil(g.LeasedAt), Until: timeOrNil(g.Until),
-		HeadSeq: g.HeadSeq, HeadAge: seconds(g.HeadAge), Attempts: g.Attempts,
+		HeadSeq: g.HeadSeq, HeadAge: seconds(g.HeadAge), Attempts: g.Attempts, Tenant: g.Tenant,
 	}
 }
 
@@ -124,18 +125,20 @@ func (a *app) groupsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "groups",
-		Short: "List groups with their state, holder, head and attempts",
+		Short: "List groups with their state, holder, head, attempts and tenant",
 		Long: `groups lists a page of the queue's groups: state, holder (lease token), how
 long the holder has held it, when its lease, park or backoff ends, its head
-message's seq and age, and the head's attempts so far.
+message's seq and age, the head's attempts so far, and the group's tenant.
 
 --state: free, leased, parked, stopped or paused (default: all).
+--tenant: only that tenant's groups (default: every tenant's).
 --order: group (by id, the default), oldest_head (oldest head first),
 held_longest (leased groups, longest-held first), most_attempts (heads
 handed out more than once, most first).
 Page on with --offset grown by the rows seen.`,
 		Example: `  pgtransport groups --order oldest_head --limit 20
   pgtransport groups --state parked --order most_attempts
+  pgtransport groups --tenant acme --state leased
   pgtransport groups --order held_longest --json | jq -r '.[].holder'`,
 		Args: a.exactArgs(),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -172,10 +175,11 @@ Page on with --offset grown by the rows seen.`,
 			if err != nil {
 				return err
 			}
-			t := newTable(cmd.OutOrStdout(), "GROUP", "PRIORITY", "STATE", "HOLDER", "HELD FOR", "ENDS IN", "HEAD", "HEAD AGE", "ATTEMPTS")
+			t := newTable(cmd.OutOrStdout(), "GROUP", "PRIORITY", "STATE", "HOLDER", "HELD FOR", "ENDS IN", "HEAD", "HEAD AGE", "ATTEMPTS", "TENANT")
 			for _, g := range gs {
 				t.row(show.Clip(g.Group, 40), fmt.Sprint(g.Priority), string(g.State), show.Clip(g.Holder, 48),
-					since(now, g.LeasedAt), until(now, g.Until), seq(g.HeadSeq), show.Age(g.HeadAge), fmt.Sprint(g.Attempts))
+					since(now, g.LeasedAt), until(now, g.Until), seq(g.HeadSeq), show.Age(g.HeadAge), fmt.Sprint(g.Attempts),
+					show.Clip(g.Tenant, 32))
 			}
 			if err := t.flush(); err != nil {
 				return err
@@ -187,6 +191,7 @@ Page on with --offset grown by the rows seen.`,
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only groups in this state: free, leased, parked, stopped, paused")
+	cmd.Flags().StringVar(&q.Tenant, "tenant", "", "only groups of this tenant")
 	cmd.Flags().StringVar(&order, "order", string(pgtransport.ByGroup), "order: group, oldest_head, held_longest, most_attempts")
 	cmd.Flags().IntVar(&q.Limit, "limit", pgtransport.DefaultGroupLimit, fmt.Sprintf("page size (1 to %d)", pgtransport.MaxBatch))
 	cmd.Flags().IntVar(&q.Offset, "offset", 0, "rows to skip")
@@ -228,6 +233,7 @@ func (a *app) groupCmd() *cobra.Command {
 			fmt.Fprintf(w, "head seq:  %s\n", seq(g.HeadSeq))
 			fmt.Fprintf(w, "head age:  %s\n", show.Age(g.HeadAge))
 			fmt.Fprintf(w, "attempts:  %d\n", g.Attempts)
+			fmt.Fprintf(w, "tenant:    %s\n", or(g.Tenant, "-"))
 			return nil
 		},
 	}

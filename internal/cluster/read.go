@@ -161,7 +161,7 @@ func (cl *Cluster) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtr
 	lists, err := gather(cl.all(), func(i int) ([]pgtransport.GroupInfo, error) {
 		var out []pgtransport.GroupInfo
 		for len(out) < want {
-			page := pgtransport.GroupQuery{State: q.State, Order: q.Order, Offset: len(out), Limit: min(want-len(out), pgtransport.MaxBatch)}
+			page := pgtransport.GroupQuery{State: q.State, Tenant: q.Tenant, Order: q.Order, Offset: len(out), Limit: min(want-len(out), pgtransport.MaxBatch)}
 			gs, err := cl.parts[i].Groups(ctx, page)
 			if err != nil {
 				return nil, err
@@ -253,6 +253,7 @@ func (cl *Cluster) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error
 			m.Groups += t.Groups
 			m.Leased += t.Leased
 			m.Ready += t.Ready
+			m.Delivered += t.Delivered
 		}
 	}
 	slices.SortFunc(out, func(a, b pgtransport.TenantInfo) int { return strings.Compare(a.Tenant, b.Tenant) })

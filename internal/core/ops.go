@@ -70,10 +70,11 @@ func (c *Core) Stats(ctx context.Context) (pgtransport.Stats, error) {
 }
 
 // Groups returns a page of groups (harel_groups): those in q.State (""
-// every state), in q.Order, skipping q.Offset, at most q.Limit (0:
-// DefaultGroupLimit). ErrInvalidQuery for an unknown State or Order or a
-// negative Offset or Limit, ErrInvalidBatch for a Limit past MaxBatch,
-// both with no round-trip. A read; pages taken one after another may
+// every state) of q.Tenant ("" every tenant), in q.Order, skipping
+// q.Offset, at most q.Limit (0: DefaultGroupLimit). ErrInvalidQuery for
+// an unknown State or Order or a negative Offset or Limit,
+// ErrInvalidBatch for a Limit past MaxBatch, ErrInvalidTenant for a
+// tenant over MaxTenantBytes or not valid UTF-8, all with no round-trip. A read; pages taken one after another may
 // overlap or skip groups whose state or order changed in between.
 func (c *Core) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error) {
 	if err := checkGroupQuery(q); err != nil {
@@ -87,8 +88,12 @@ func (c *Core) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransp
 		s := string(q.State)
 		state = &s
 	}
+	var tenant *string
+	if q.Tenant != "" {
+		tenant = &q.Tenant
+	}
 	order := string(cmp.Or(q.Order, pgtransport.ByGroup))
-	rows, err := c.db.Query(ctx, c.q.groups, c.now(), state, order, q.Offset, cmp.Or(q.Limit, pgtransport.DefaultGroupLimit))
+	rows, err := c.db.Query(ctx, c.q.groups, c.now(), state, order, q.Offset, cmp.Or(q.Limit, pgtransport.DefaultGroupLimit), tenant)
 	if err != nil {
 		return nil, mapErr("groups", err)
 	}
@@ -252,6 +257,9 @@ func checkGroupQuery(q pgtransport.GroupQuery) error {
 	default:
 		return fmt.Errorf("%w: Order %q", pgtransport.ErrInvalidQuery, q.Order)
 	}
+	if err := CheckTenant(q.Tenant, true); err != nil {
+		return err
+	}
 	switch {
 	case q.Offset < 0 || q.Offset > math.MaxInt32:
 		return fmt.Errorf("%w: Offset %d, want 0 to %d", pgtransport.ErrInvalidQuery, q.Offset, math.MaxInt32)
@@ -276,7 +284,7 @@ func scanGroup(r scanner) (pgtransport.GroupInfo, error) {
 		headSeq                  *int64
 		priority, attempts       int32
 	)
-	if err := r.Scan(&g.Group, &priority, &state, &holder, &leasedAt, &until, &headSeq, &headAge, &attempts); err != nil {
+	if err := r.Scan(&g.Group, &priority, &state, &holder, &leasedAt, &until, &headSeq, &headAge, &attempts, &g.Tenant); err != nil {
 		return g, err
 	}
 	g.Priority, g.State, g.Attempts = int(priority), pgtransport.GroupState(state), int(attempts)
@@ -339,7 +347,7 @@ func (c *Core) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
 		w   int32
 		out []pgtransport.TenantInfo
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ti.Tenant, &w, &ti.Groups, &ti.Leased, &ti.Ready}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&ti.Tenant, &w, &ti.Groups, &ti.Leased, &ti.Ready, &ti.Delivered}, func() error {
 		ti.Weight = int(w)
 		out = append(out, ti)
 		return nil

@@ -130,17 +130,17 @@ const (
        s.messages, s.messages_exact, s.oldest_head_age, s.oldest_head_exact,
        s.dead_letters, s.dead_letters_exact, s.waiters, s.at, s.groups_exact
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_stats(t.now) AS s`
-	groupsSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts
+	groupsSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts, g.tenant
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t,
-       LATERAL {s}harel_groups(t.now, $2::text, $3::text, $4::int, $5::int) AS g`
-	groupSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts
+       LATERAL {s}harel_groups(t.now, $2::text, $3::text, $4::int, $5::int, $6::text) AS g`
+	groupSQL = `SELECT g.group_id, g.priority, g.state, g.holder, g.leased_at, g.until, g.head_seq, g.head_age, g.attempts, g.tenant
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_group(t.now, $2::text) AS g`
 	peekSQL       = `SELECT p.seq, p.event, p.published_at, p.last_error FROM {s}harel_peek($1::text, NULL::bigint, $2::int) AS p`
 	pauseGroupSQL = `SELECT {s}harel_pause_group($1::text)`
 
 	// The tenants' calls (schema version 27).
 	setTenantWeightSQL = `SELECT {s}harel_set_tenant_weight($1::text, $2::int)`
-	tenantsSQL         = `SELECT r.tenant, r.weight, r.groups, r.leased, r.ready
+	tenantsSQL         = `SELECT r.tenant, r.weight, r.groups, r.leased, r.ready, r.delivered
   FROM (SELECT ` + nowExpr + ` AS now{k}) AS t, LATERAL {s}harel_tenants(t.now) AS r`
 	resumeGroupSQL = `SELECT {s}harel_resume_group($1::text)`
 	purgeGroupSQL  = `SELECT {s}harel_purge_group($2::text, ` + nowExpr + `, $3::int){kfrom}`

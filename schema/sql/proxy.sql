@@ -137,6 +137,25 @@ DROP FUNCTION IF EXISTS harel_px_publish(TEXT[], TEXT[], INT[], TEXT[], DOUBLE P
 DROP FUNCTION IF EXISTS harel_px_publish_check(TEXT, TEXT[], TEXT[], INT[], TEXT[]);
 DROP FUNCTION IF EXISTS harel_publish_many(TEXT[], TEXT[], INT[]);
 DROP FUNCTION IF EXISTS harel_publish_keyed(TEXT[], TEXT[], INT[], TEXT[], DOUBLE PRECISION);
+-- Version 28: a group's rows end with its tenant, a tenant's with
+-- delivered, and harel_groups takes a tenant; a function's columns cannot
+-- change in place.
+DO $pgtransport$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc AS p
+                WHERE p.oid = to_regprocedure('harel_group(double precision, text)') AND NOT 'tenant' = ANY (p.proargnames)) THEN
+        DROP FUNCTION harel_group(DOUBLE PRECISION, TEXT);
+        DROP FUNCTION IF EXISTS harel_px_on_group(INT, DOUBLE PRECISION, TEXT);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_proc AS p
+                WHERE p.oid = to_regprocedure('harel_tenants(double precision)') AND NOT 'delivered' = ANY (p.proargnames)) THEN
+        DROP FUNCTION harel_tenants(DOUBLE PRECISION);
+        DROP FUNCTION IF EXISTS harel_px_tenants(DOUBLE PRECISION);
+    END IF;
+END
+$pgtransport$;
+DROP FUNCTION IF EXISTS harel_groups(DOUBLE PRECISION, TEXT, TEXT, INT, INT);
+DROP FUNCTION IF EXISTS harel_px_groups(DOUBLE PRECISION, TEXT, TEXT, INT, INT);
 
 -- harel_px_refuse refuses (PT009) a statement that reads, updates or
 -- deletes the design's table p_table here, naming the calls to use.
@@ -636,13 +655,13 @@ AS $$ SELECT harel_px_on_state(harel_px_locate(p_group), p_group) $$;
 
 CREATE OR REPLACE FUNCTION harel_px_on_group(p_part INT, p_now DOUBLE PRECISION, p_group TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON p_part; $$;
 
 CREATE OR REPLACE FUNCTION harel_group(p_now DOUBLE PRECISION, p_group TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$ SELECT * FROM harel_px_on_group(harel_px_locate(p_group), p_now, p_group) $$;
@@ -1051,18 +1070,19 @@ AS $$
      ORDER BY s.priority NULLS LAST
 $$;
 
-CREATE OR REPLACE FUNCTION harel_px_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT)
+CREATE OR REPLACE FUNCTION harel_px_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT, p_tenant TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
 
 -- harel_groups: each partition's first p_offset + p_limit in the order
 -- asked, merged in that order. 'oldest_head' orders by the head's age
 -- here (seqs of two partitions say nothing of which came first).
-CREATE OR REPLACE FUNCTION harel_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT)
+CREATE OR REPLACE FUNCTION harel_groups(p_now DOUBLE PRECISION, p_state TEXT, p_order TEXT, p_offset INT, p_limit INT,
+                                        p_tenant TEXT DEFAULT NULL)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$
@@ -1072,7 +1092,8 @@ AS $$
                            -- is, for the partitions to answer or refuse
                            CASE WHEN p_offset >= 0 AND p_limit >= 0 THEN 0 ELSE p_offset END,
                            CASE WHEN p_offset >= 0 AND p_limit >= 0 THEN LEAST(p_offset::BIGINT + p_limit, 2147483647)::INT
-                                ELSE p_limit END) AS g
+                                ELSE p_limit END,
+                           p_tenant) AS g
      ORDER BY CASE WHEN p_order = 'held_longest' THEN g.leased_at END NULLS FIRST,
               CASE WHEN p_order = 'most_attempts' THEN g.attempts END DESC,
               CASE WHEN p_order = 'oldest_head' THEN g.head_age END DESC NULLS LAST,
@@ -1107,18 +1128,21 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION harel_px_tenants(p_now DOUBLE PRECISION)
-RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION,
+               delivered BIGINT)
 LANGUAGE plproxy SET search_path FROM CURRENT
 AS $$ CLUSTER 'pgtransport'; RUN ON harel_px_all(); $$;
 
 CREATE OR REPLACE FUNCTION harel_tenants(p_now DOUBLE PRECISION DEFAULT NULL)
-RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION,
+               delivered BIGINT)
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$ SELECT a.tenant, a.weight, a.groups, a.leased, a.ready,
-             CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END
+             CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END,
+             a.delivered
         FROM (SELECT t.tenant, max(t.weight) AS weight, sum(t.groups)::BIGINT AS groups,
-                     sum(t.leased)::BIGINT AS leased, sum(t.ready)::BIGINT AS ready
+                     sum(t.leased)::BIGINT AS leased, sum(t.ready)::BIGINT AS ready, sum(t.delivered)::BIGINT AS delivered
                 FROM harel_px_tenants(p_now) AS t
                GROUP BY t.tenant) AS a
        ORDER BY a.tenant $$;

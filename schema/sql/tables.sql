@@ -89,7 +89,8 @@ CREATE TABLE transport_groups (
                                      -- which leaves it (024); cleared by the next lease; NULL: not drained
                                      -- since (a hint: claims read the head all the same) (017, 024)
     tenant        TEXT NOT NULL DEFAULT 'default'  -- the tenant, set by the publish that creates the row (027)
-                  CONSTRAINT transport_groups_tenant_valid CHECK (octet_length(tenant) BETWEEN 1 AND 256)
+                  CONSTRAINT transport_groups_tenant_valid CHECK (octet_length(tenant) BETWEEN 1 AND 256),
+    handed        BIGINT NOT NULL DEFAULT 0  -- messages handed out from the row (deliveries), for its tenant's count (028)
 ) WITH (
     -- Small and hot: vacuumed after a fixed number of dead rows, not a
     -- fraction of a table that is mostly churn, and never throttled (005);
@@ -152,6 +153,17 @@ CREATE TABLE transport_tenants (
     tenant  TEXT PRIMARY KEY CHECK (octet_length(tenant) BETWEEN 1 AND 256),
     weight  INT NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     charged BIGINT NOT NULL DEFAULT 0  -- its next entries go past this vt
+);
+
+-- The deliveries of group rows since deleted, by tenant, for the
+-- tenants' counts (harel_tenants: these and the live rows' handed). A
+-- stripe each for a few sessions at once (pg_backend_pid() % 8), so that
+-- deletes in parallel do not wait on one row. (028)
+CREATE TABLE transport_tenant_counts (
+    tenant    TEXT NOT NULL,
+    stripe    INT NOT NULL,
+    delivered BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, stripe)
 );
 
 -- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or

@@ -95,6 +95,9 @@ type Server struct {
 	mu      sync.Mutex
 	samples []sample // oldest first, at most Window/Interval+1
 	lastErr error    // the last sample's error, nil if it worked
+
+	lastTenants   []pgtransport.TenantInfo // the tenants page's last reading, for its rates
+	lastTenantsAt time.Time
 }
 
 // New checks cfg and returns a Server. Nothing is read until Run or a

@@ -23,6 +23,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /api/overview", s.overviewJSON)
 	m.HandleFunc("GET /groups", s.groups)
 	m.HandleFunc("GET /group", s.group)
+	m.HandleFunc("GET /tenants", s.tenants)
 	m.HandleFunc("GET /dead", s.dead)
 	m.HandleFunc("GET /dead/letter", s.letter)
 	m.HandleFunc("GET /confirm", s.confirm)
@@ -59,7 +60,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, pgtransport.ErrUnknownGroup), errors.Is(err, errNotFound):
 		code = http.StatusNotFound
 	case errors.Is(err, pgtransport.ErrInvalidGroup), errors.Is(err, pgtransport.ErrInvalidQuery),
-		errors.Is(err, pgtransport.ErrInvalidBatch), errors.Is(err, errBadRequest):
+		errors.Is(err, pgtransport.ErrInvalidBatch), errors.Is(err, pgtransport.ErrInvalidTenant), errors.Is(err, errBadRequest):
 		code = http.StatusBadRequest
 	}
 	s.render(w, r, code, "error", view{Title: http.StatusText(code), Data: err.Error()})
@@ -144,6 +145,7 @@ type groupsData struct {
 	List       groupList
 	Groups     []pgtransport.GroupInfo
 	Now        time.Time
+	Tenant     string // "": every tenant's groups
 	Offset     int
 	NextOffset int // 0: no next page
 	PrevOffset int // -1: no previous page
@@ -166,7 +168,7 @@ func (s *Server) groups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gq := list.Query
-	gq.Offset, gq.Limit = offset, PageSize
+	gq.Offset, gq.Limit, gq.Tenant = offset, PageSize, q.Get("tenant")
 	gs, err := s.cfg.Transport.Groups(r.Context(), gq)
 	if err != nil {
 		s.fail(w, r, err)
@@ -177,7 +179,7 @@ func (s *Server) groups(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	d := groupsData{Lists: groupLists, List: list, Groups: gs, Now: now, Offset: offset, PrevOffset: -1}
+	d := groupsData{Lists: groupLists, List: list, Groups: gs, Now: now, Tenant: gq.Tenant, Offset: offset, PrevOffset: -1}
 	if len(gs) == PageSize {
 		d.NextOffset = offset + PageSize
 	}
@@ -185,6 +187,51 @@ func (s *Server) groups(w http.ResponseWriter, r *http.Request) {
 		d.PrevOffset = max(0, offset-PageSize)
 	}
 	s.render(w, r, http.StatusOK, "groups", view{Title: "Groups", Nav: "groups", Data: d})
+}
+
+// TenantsRefresh is how often the tenants page reloads itself: its rates
+// are over the time since the page was last read.
+const TenantsRefresh = 10 * time.Second
+
+type tenantRow struct {
+	pgtransport.TenantInfo
+	Rate *pgtransport.TenantRate // nil: no reading before this one to compare with
+}
+
+type tenantsData struct {
+	Tenants []tenantRow
+	Since   time.Duration // the rates' window (0: none)
+	Refresh int           // seconds
+}
+
+// tenants lists the tenants (Transport.Tenants, which reads every group
+// row: only when this page is read, never by the sampler), with each
+// one's deliveries per second and measured share since the previous
+// reading, by any viewer, when it was at most 5 minutes ago.
+func (s *Server) tenants(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.cfg.Transport.Tenants(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	prev, prevAt := s.lastTenants, s.lastTenantsAt
+	s.lastTenants, s.lastTenantsAt = ts, now
+	s.mu.Unlock()
+	d := tenantsData{Tenants: make([]tenantRow, len(ts)), Refresh: int(TenantsRefresh.Seconds())}
+	var rates []pgtransport.TenantRate
+	if !prevAt.IsZero() && now.Sub(prevAt) <= 5*time.Minute {
+		d.Since = now.Sub(prevAt).Round(100 * time.Millisecond)
+		rates = pgtransport.Rates(prev, ts, now.Sub(prevAt))
+	}
+	for i, t := range ts {
+		d.Tenants[i].TenantInfo = t
+		if rates != nil {
+			d.Tenants[i].Rate = &rates[i]
+		}
+	}
+	s.render(w, r, http.StatusOK, "tenants", view{Title: "Tenants", Nav: "tenants", Data: d})
 }
 
 type groupData struct {

@@ -23,7 +23,7 @@ var staticFS fs.FS = embedded
 // pageTemplate is one page: the layout with the page's content.
 type pageTemplate = *template.Template
 
-var pageNames = []string{"overview", "groups", "group", "dead", "letter", "confirm", "error"}
+var pageNames = []string{"overview", "groups", "group", "tenants", "dead", "letter", "confirm", "error"}
 
 func parsePages() (map[string]pageTemplate, error) {
 	base, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
@@ -66,6 +66,8 @@ var funcs = template.FuncMap{
 		return fmt.Sprint(s)
 	},
 	"clip":  show.Clip,
+	"pct":   func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"rate":  func(f float64) string { return fmt.Sprintf("%.1f", f) },
 	"stamp": func(t time.Time) string { return ifZero(t, t.UTC().Format("2006-01-02 15:04:05 UTC")) },
 	"dash": func(s string) string {
 		if s == "" {

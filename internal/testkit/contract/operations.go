@@ -163,7 +163,7 @@ func groupsByStateOrderAndPage(is *is.I, e *env) {
 	is.Equal(z.Attempts, 2)
 	is.True(z.Until.After(tz) && !z.Until.After(tz.Add(time.Hour+time.Second))) // the backoff's end
 	a := e.group(G("a"))
-	is.Equal(a, pgtransport.GroupInfo{Group: G("a"), State: pgtransport.GroupFree, HeadSeq: a.HeadSeq, HeadAge: a.HeadAge})
+	is.Equal(a, pgtransport.GroupInfo{Group: G("a"), State: pgtransport.GroupFree, HeadSeq: a.HeadSeq, HeadAge: a.HeadAge, Tenant: pgtransport.DefaultTenant})
 	is.True(a.HeadSeq > lk.Seq) // published after k1
 	s := e.group(G("s"))
 	is.Equal(s.State, pgtransport.GroupStopped)

@@ -55,8 +55,8 @@ func tenantsShareClaims(is *is.I, e *env) {
 
 // tenantWeightsAndListing: a group's tenant is its first publish's
 // (DefaultTenant where it names none), a weight is kept, and Tenants
-// lists each tenant with its groups, leased groups, ready groups and
-// share.
+// lists each tenant with its groups, leased groups, ready groups, share
+// and deliveries; Groups lists one tenant's.
 func tenantWeightsAndListing(is *is.I, e *env) {
 	op := e.op()
 	e.publishMessage(e.tr, pgtransport.Message{Group: "a1", Event: "e", Tenant: "acme"})
@@ -96,7 +96,24 @@ func tenantWeightsAndListing(is *is.I, e *env) {
 	default:
 		is.Equal(def.Share, 1.0)
 	}
+	is.Equal(acme.Delivered+def.Delivered, int64(1)) // the one claimed was handed out once
+	gs, err := op.Groups(e.ctx(), pgtransport.GroupQuery{Tenant: "acme"})
+	is.NoErr(err)
+	is.Equal(len(gs), 2) // acme's groups only, each with its tenant
+	is.Equal([]string{gs[0].Group, gs[0].Tenant, gs[1].Group, gs[1].Tenant}, []string{"a1", "acme", "a2", "acme"})
+	g, err := op.Group(e.ctx(), "d1")
+	is.NoErr(err)
+	is.Equal(g.Tenant, pgtransport.DefaultTenant)
+	_, err = op.Groups(e.ctx(), pgtransport.GroupQuery{Tenant: strings.Repeat("t", pgtransport.MaxTenantBytes+1)})
+	is.True(errors.Is(err, pgtransport.ErrInvalidTenant))
 	e.ack(l)
+	ts, err = op.Tenants(e.ctx())
+	is.NoErr(err)
+	var delivered int64
+	for _, t := range ts {
+		delivered += t.Delivered
+	}
+	is.Equal(delivered, int64(1)) // an ack hands nothing out
 }
 
 // badTenantWritesNothing: a tenant too long, not UTF-8 or with a NUL is

@@ -204,6 +204,40 @@ BEGIN
 END
 $$;
 
+-- harel_count_deleted is the trigger transport_groups_count_deleted:
+-- after a statement that deleted group rows, what they had handed out is
+-- added to their tenants' counts (transport_tenant_counts, a stripe per
+-- few sessions), so that harel_tenants' delivered never goes back. Every
+-- delete of a group row is a statement of the queue's (an ack, a reap, a
+-- purge, a move to another partition), a few rows at a time.
+CREATE OR REPLACE FUNCTION harel_count_deleted()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT o.tenant, pg_backend_pid() % 8, sum(o.handed)
+      FROM harel_deleted_groups AS o
+     WHERE o.handed > 0
+     GROUP BY o.tenant
+     ORDER BY o.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_deleted ON transport_groups;
+CREATE TRIGGER transport_groups_count_deleted
+    AFTER DELETE ON transport_groups
+    REFERENCING OLD TABLE AS harel_deleted_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_deleted();
+
 -- harel_ready_front returns the frontier, moving it first where its
 -- pending check passes and no other claim is moving it (see "The
 -- frontier"), and recording the next check where this transaction holds

@@ -482,7 +482,7 @@ BEGIN
                 UPDATE transport_groups AS g
                    SET locked_by = p_token, lock_expiry = p_lease, delivered_seq = u.s,
                        attempts = CASE WHEN g.delivered_seq = u.s THEN g.attempts + 1 ELSE 1 END,
-                       leased_at = p_now, drained_at = NULL
+                       leased_at = p_now, drained_at = NULL, handed = g.handed + 1
                   FROM unnest(v_groups, v_heads, v_events, v_pubs) AS u(gid, s, e, p)
                  WHERE u.s IS NOT NULL AND g.group_id = ANY (ARRAY[u.gid])
                 RETURNING u.gid, u.s, u.e, g.attempts, date_part('epoch', clock_timestamp() - u.p);

@@ -234,6 +234,7 @@ BEGIN
                    lock_expiry   = CASE WHEN a.keep AND NOT g.paused THEN p_lease ELSE p_now END,
                    delivered_seq = CASE WHEN a.keep AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
                    attempts      = CASE WHEN a.keep AND NOT g.paused THEN 1 ELSE g.attempts END,
+                   handed        = CASE WHEN a.keep AND NOT g.paused THEN g.handed + 1 ELSE g.handed END,
                    leased_at     = CASE WHEN a.keep AND NOT g.paused THEN p_now ELSE g.leased_at END,
                    retry_at      = CASE WHEN a.keep AND NOT g.paused THEN g.retry_at END,
                    drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END
@@ -349,7 +350,7 @@ BEGIN
          LIMIT 1;
         IF v_seq IS NOT NULL THEN
             UPDATE transport_groups AS g
-               SET lock_expiry = p_lease, delivered_seq = v_seq, attempts = 1, leased_at = p_now
+               SET lock_expiry = p_lease, delivered_seq = v_seq, attempts = 1, leased_at = p_now, handed = g.handed + 1
              WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '' AND NOT g.paused
                AND (g.delivered_seq IS NULL OR g.delivered_seq = p_seq)
                AND EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.seq = p_seq AND m.group_id = p_group);

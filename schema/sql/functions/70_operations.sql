@@ -63,13 +63,13 @@ AS $$ SELECT CASE
 -- (holder) and when it took the group, when its lease, park or backoff
 -- ends (until; NULL for none, or a stop), its head (seq and age in
 -- seconds, by the server's clock; NULL if empty, or the age unknown for a
--- message queued before version 10) and how many times that head was
--- handed out.
+-- message queued before version 10), how many times that head was
+-- handed out, and its tenant (since version 28).
 CREATE OR REPLACE FUNCTION harel_group_rows(
     p_now    DOUBLE PRECISION,
     p_groups TEXT[])
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -81,7 +81,7 @@ AS $$
            CASE WHEN g.locked_by <> '' AND g.lock_expiry >= p_now THEN g.leased_at END,
            CASE WHEN g.locked_by IS NOT NULL AND g.lock_expiry >= p_now AND g.lock_expiry < 'Infinity' THEN g.lock_expiry END,
            h.seq, date_part('epoch', clock_timestamp() - h.published_at),
-           CASE WHEN h.seq = g.delivered_seq THEN g.attempts ELSE 0 END
+           CASE WHEN h.seq = g.delivered_seq THEN g.attempts ELSE 0 END, g.tenant
       FROM unnest(p_groups) WITH ORDINALITY AS u(gid, i)
       JOIN transport_groups AS g ON g.group_id = u.gid
       LEFT JOIN LATERAL (
@@ -100,7 +100,7 @@ CREATE OR REPLACE FUNCTION harel_group(
     p_now   DOUBLE PRECISION,
     p_group TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -116,8 +116,9 @@ END
 $$;
 
 -- harel_groups lists a page of groups (harel_group_rows' columns): those
--- in state p_state (NULL: any), in the order p_order names, skipping
--- p_offset, at most p_limit. Orders:
+-- in state p_state (NULL: any) and of tenant p_tenant (NULL: any; since
+-- version 28), in the order p_order names, skipping p_offset, at most
+-- p_limit. Orders:
 --   'group' (or NULL): by group id.
 --   'oldest_head': by head seq, oldest first: the walk reads messages in
 --     seq order, the first of each group being its head, and looks at
@@ -128,7 +129,8 @@ $$;
 --   'most_attempts': groups whose head was handed out more than once,
 --     most first.
 -- An unknown p_state or p_order, or a negative p_offset or p_limit, is
--- refused with SQLSTATE 22023. The listing reads whole tables where its
+-- refused with SQLSTATE 22023; a tenant that is empty or over 256 bytes
+-- with PT011. The listing reads whole tables where its
 -- filter must (a state, most_attempts, held_longest: one pass over the
 -- group rows), so it may plan sequential scans.
 CREATE OR REPLACE FUNCTION harel_groups(
@@ -136,9 +138,10 @@ CREATE OR REPLACE FUNCTION harel_groups(
     p_state  TEXT,
     p_order  TEXT,
     p_offset INT,
-    p_limit  INT)
+    p_limit  INT,
+    p_tenant TEXT DEFAULT NULL)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -163,6 +166,9 @@ BEGIN
     IF v_offset < 0 OR p_limit IS NULL OR p_limit < 0 THEN
         RAISE EXCEPTION 'harel_groups: negative or NULL offset or limit (%, %)', p_offset, p_limit USING ERRCODE = '22023';
     END IF;
+    IF octet_length(p_tenant) NOT BETWEEN 1 AND 256 THEN
+        PERFORM harel_refuse_tenant('harel_groups', p_tenant);
+    END IF;
     IF p_limit = 0 THEN
         RETURN;
     END IF;
@@ -177,7 +183,7 @@ BEGIN
         -- The partial index of paused groups.
         SELECT array_agg(x.group_id ORDER BY x.group_id) INTO v_groups
           FROM (SELECT g.group_id FROM transport_groups AS g
-                 WHERE g.paused
+                 WHERE g.paused AND (p_tenant IS NULL OR g.tenant = p_tenant)
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
     ELSIF v_order = 'group' THEN
@@ -185,6 +191,7 @@ BEGIN
           FROM (SELECT g.group_id FROM transport_groups AS g
                  WHERE (g.drained_at IS NULL OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id))
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
+                   AND (p_tenant IS NULL OR g.tenant = p_tenant)
                  ORDER BY g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
     ELSIF v_order = 'held_longest' THEN
@@ -193,6 +200,7 @@ BEGIN
                   FROM transport_groups AS g
                  WHERE g.locked_by > '' AND g.lock_expiry >= v_now
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
+                   AND (p_tenant IS NULL OR g.tenant = p_tenant)
                  ORDER BY g.leased_at NULLS FIRST, g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
     ELSIF v_order = 'most_attempts' THEN
@@ -203,6 +211,7 @@ BEGIN
                    AND g.delivered_seq = (SELECT m.seq FROM transport_messages AS m
                                            WHERE m.group_id = g.group_id ORDER BY m.seq LIMIT 1)
                    AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
+                   AND (p_tenant IS NULL OR g.tenant = p_tenant)
                  ORDER BY g.attempts DESC, g.group_id
                 OFFSET v_offset LIMIT p_limit) AS x;
     ELSE
@@ -213,10 +222,11 @@ BEGIN
         FOR r IN
             SELECT w.group_id
               FROM (SELECT m.seq, m.group_id FROM transport_messages AS m ORDER BY m.seq LIMIT 100000) AS w
-              JOIN LATERAL (SELECT g.locked_by, g.lock_expiry, g.paused FROM transport_groups AS g
+              JOIN LATERAL (SELECT g.locked_by, g.lock_expiry, g.paused, g.tenant FROM transport_groups AS g
                              WHERE g.group_id = w.group_id OFFSET 0) AS g ON true  -- by key, row by row (OFFSET 0: not a join)
              WHERE NOT EXISTS (SELECT 1 FROM transport_messages AS e WHERE e.group_id = w.group_id AND e.seq < w.seq)
                AND (p_state IS NULL OR harel_group_state(g.locked_by, g.lock_expiry, g.paused, v_now) = p_state)
+               AND (p_tenant IS NULL OR g.tenant = p_tenant)
              ORDER BY w.seq
         LOOP
             IF v_skip > 0 THEN
@@ -713,14 +723,19 @@ END
 $$;
 
 -- harel_tenants lists the tenants (functions/25_ready.sql, "Shares"), in
--- tenant order: each that has group rows or a row of its own, with its
--- weight, its groups (kept rows of drained groups aside), those leased
--- at p_now (NULL: the server's clock), its entries in the ready log (the
--- groups waiting their turn), and its share: its weight over the weights
--- of the tenants with entries, what it is handed out under contention (0
--- with none). It reads every group row: an operator's call.
+-- tenant order: each that has group rows, a row of its own or deliveries
+-- counted, with its weight, its groups (kept rows of drained groups
+-- aside), those leased at p_now (NULL: the server's clock), its entries
+-- in the ready log (the groups waiting their turn), its share: its
+-- weight over the weights of the tenants with entries, what it is handed
+-- out under contention (0 with none), and (since version 28) delivered:
+-- the messages handed out from its groups so far (transport_groups.handed
+-- and transport_tenant_counts), from which two readings give deliveries
+-- per second and the share measured. It reads every group row: an
+-- operator's call.
 CREATE OR REPLACE FUNCTION harel_tenants(p_now DOUBLE PRECISION DEFAULT NULL)
-RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION,
+               delivered BIGINT)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
@@ -735,24 +750,32 @@ BEGIN
     PERFORM set_config('enable_seqscan', 'on', true);
     RETURN QUERY
         WITH g AS (
-            SELECT g.tenant, count(*) AS groups,
-                   count(*) FILTER (WHERE g.locked_by <> '' AND g.lock_expiry >= v_now) AS leased
+            SELECT g.tenant,
+                   count(*) FILTER (WHERE g.drained_at IS NULL
+                                       OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)) AS groups,
+                   count(*) FILTER (WHERE g.locked_by <> '' AND g.lock_expiry >= v_now) AS leased,
+                   sum(g.handed) AS handed
               FROM transport_groups AS g
-             WHERE g.drained_at IS NULL
-                OR EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
              GROUP BY g.tenant
+        ), c AS (
+            SELECT c.tenant, sum(c.delivered) AS delivered FROM transport_tenant_counts AS c GROUP BY c.tenant
         ), r AS (
             SELECT r.tenant, count(*) AS ready FROM transport_ready AS r WHERE r.vt >= v_front GROUP BY r.tenant
         ), a AS (
-            SELECT COALESCE(g.tenant, t.tenant) AS tenant, COALESCE(t.weight, 1) AS weight,
-                   COALESCE(g.groups, 0) AS groups, COALESCE(g.leased, 0) AS leased, COALESCE(r.ready, 0) AS ready
-              FROM g
-              FULL JOIN transport_tenants AS t ON t.tenant = g.tenant
-              LEFT JOIN r ON r.tenant = COALESCE(g.tenant, t.tenant)
+            SELECT k.tenant, COALESCE(t.weight, 1) AS weight,
+                   COALESCE(g.groups, 0) AS groups, COALESCE(g.leased, 0) AS leased, COALESCE(r.ready, 0) AS ready,
+                   (COALESCE(g.handed, 0) + COALESCE(c.delivered, 0))::BIGINT AS delivered
+              FROM (SELECT g.tenant FROM g UNION SELECT t.tenant FROM transport_tenants AS t UNION SELECT c.tenant FROM c) AS k
+              LEFT JOIN g ON g.tenant = k.tenant
+              LEFT JOIN transport_tenants AS t ON t.tenant = k.tenant
+              LEFT JOIN c ON c.tenant = k.tenant
+              LEFT JOIN r ON r.tenant = k.tenant
         )
         SELECT a.tenant, a.weight, a.groups, a.leased, a.ready,
-               CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END
+               CASE WHEN a.ready > 0 THEN a.weight::float8 / sum(a.weight) FILTER (WHERE a.ready > 0) OVER () ELSE 0 END,
+               a.delivered
           FROM a
          ORDER BY a.tenant;
 END
 $$;
+

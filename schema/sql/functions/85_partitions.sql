@@ -315,15 +315,16 @@ CREATE OR REPLACE FUNCTION harel_px_groups(
     p_state  TEXT,
     p_order  TEXT,
     p_offset INT,
-    p_limit  INT)
+    p_limit  INT,
+    p_tenant TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
-AS $$ SELECT * FROM harel_groups(p_now, p_state, p_order, p_offset, p_limit) $$;
+AS $$ SELECT * FROM harel_groups(p_now, p_state, p_order, p_offset, p_limit, p_tenant) $$;
 
 -- harel_px_set_tenant_weight and harel_px_tenants are harel_set_tenant_weight
 -- and harel_tenants for a proxy's RUN ON ALL (it sets each partition's
@@ -343,7 +344,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION harel_px_tenants(p_now DOUBLE PRECISION)
-RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION)
+RETURNS TABLE (tenant TEXT, weight INT, groups BIGINT, leased BIGINT, ready BIGINT, share DOUBLE PRECISION,
+               delivered BIGINT)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan

@@ -463,7 +463,7 @@ AS $$ SELECT harel_state(p_group) $$;
 
 CREATE OR REPLACE FUNCTION harel_px_on_group(p_part INT, p_now DOUBLE PRECISION, p_group TEXT)
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
-               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT)
+               until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan

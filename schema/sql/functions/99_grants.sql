@@ -39,7 +39,8 @@ GRANT EXECUTE ON FUNCTION
 -- transport_partition, which a proxy's check reads; since version 20,
 -- the ready log and its sequences, which every claim and ack writes; since
 -- version 27, transport_tenants, which every entry reads and a claim
--- may write, and the virtual time); and where the
+-- may write, and the virtual time; since version 28,
+-- transport_tenant_counts, which a delete of group rows writes); and where the
 -- owner's default privileges revoke EXECUTE
 -- from PUBLIC, none on the functions it added. So every role that may
 -- update transport_groups (PUBLIC aside) gets the same on the tables
@@ -57,7 +58,7 @@ BEGIN
          WHERE c.oid = 'transport_groups'::regclass
            AND a.privilege_type = 'UPDATE' AND a.grantee <> c.relowner AND a.grantee <> 0
     LOOP
-        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states, transport_ready, transport_tenants TO ' || r.role;
+        EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON transport_dead_letters, transport_dedup, transport_kept_states, transport_ready, transport_tenants, transport_tenant_counts TO ' || r.role;
         EXECUTE 'GRANT SELECT ON transport_policy, transport_partition TO ' || r.role;
         EXECUTE 'GRANT SELECT, UPDATE ON SEQUENCE transport_groups_slot, transport_claim_cursor, transport_claim_wrap, transport_claim_rest, '
              || 'transport_ready_rseq, transport_ready_front, transport_ready_check_vt, transport_ready_check_xid, transport_ready_vnow, transport_claim_reap_cursor TO ' || r.role;
