@@ -69,7 +69,7 @@ const (
 // GroupQuery selects a page of groups.
 type GroupQuery struct {
 	State  GroupState // "" means every state
-	Tenant string     // "" means every tenant; else at most MaxTenantBytes (ErrInvalidTenant)
+	Tenant string     // "" means every tenant; else valid UTF-8, no NUL, at most MaxTenantBytes (ErrInvalidTenant)
 	Order  GroupOrder // "" means ByGroup
 	Offset int        // rows to skip: 0 from the start, else the rows already seen
 	Limit  int        // the page size: 0 means DefaultGroupLimit; at most MaxBatch (ErrInvalidBatch)
@@ -93,9 +93,11 @@ type TenantInfo struct {
 	// the weights of the tenants with Ready > 0 (0 with none).
 	Share float64
 	// Delivered counts the messages handed out from its groups so far
-	// (each claim's, each kept group's next; a retry again): two readings
-	// give its deliveries per second and its measured share (Rates).
-	// From schema version 28; it never goes back.
+	// (each claim's, each kept group's next; a retry again; a lease given
+	// back unused not): two readings give its deliveries per second and
+	// its measured share (Rates). From schema version 28; it never goes
+	// back (rows deleted, truncated or revived for another tenant leave
+	// their counts to it: docs/protocol.md, transport_tenant_counts).
 	Delivered int64
 }
 
@@ -160,7 +162,7 @@ type GroupInfo struct {
 	// Attempts is how many times the head was handed out (0: never yet).
 	Attempts int
 	// Tenant is the group's tenant (DefaultTenant where its first publish
-	// named none; "" from a schema before version 28).
+	// named none).
 	Tenant string
 }
 

@@ -195,8 +195,10 @@ func TestSharesChargeTurns(t *testing.T) {
 }
 
 // TestTenantDeliveries: harel_tenants' delivered counts each hand-out
-// of a tenant's groups (a claim's, a kept group's next message), and
-// keeps them when the rows are deleted (transport_tenant_counts).
+// of a tenant's groups (a claim's, a kept group's next message, a
+// retry's; not a lease given back unused), and keeps them when the rows
+// are deleted, truncated or revived for another tenant, and when the
+// sessions' counts are folded (transport_tenant_counts).
 func TestTenantDeliveries(t *testing.T) {
 	t.Parallel()
 	is := is.New(t)
@@ -232,14 +234,47 @@ func TestTenantDeliveries(t *testing.T) {
 		is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_ack_claim('k', $1, 'w', true, 1001, 1060, 'w', 0)`, seq).Scan(&seq))
 	}
 	is.Equal(delivered(), map[string]int64{"t": 4, "u": 1})
-	var held bool
-	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_nack('o', 'w', 1001, 0)`).Scan(&held))
-	is.True(held)
+	var nacked bool
+	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_nack('o', 'w', 1001, 0)`).Scan(&nacked))
+	is.True(nacked)
 	is.NoErr(c.QueryRow(ctx(t), `SELECT seq FROM harel_claim(1002, 1060, 'w')`).Scan(&seq))
 	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2}) // a retry is a delivery too
-	_, err = c.Exec(ctx(t), `DELETE FROM transport_groups`)
+	_, err = c.Exec(ctx(t), `SELECT harel_release('o', 'w')`)
 	is.NoErr(err)
-	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2}) // the rows went, their counts stay
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 1}) // given back unused: not a delivery
+	_, err = c.Exec(ctx(t), `DELETE FROM transport_groups WHERE group_id = 'k'`)
+	is.NoErr(err)
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 1}) // the row went, its count stays
+
+	// A drained row kept for its next publish, revived for another
+	// tenant: what it handed out stays its first tenant's.
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('r', 'e', 0, 'v')`)
+	is.NoErr(err)
+	var held bool
+	for range 2 { // o's retry, then r
+		is.NoErr(c.QueryRow(ctx(t), `SELECT group_id, seq FROM harel_claim(1003, 1060, 'w')`).Scan(&g, &seq))
+		is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack($1, $2, 'w', 1003)`, g, seq).Scan(&held))
+		is.True(held)
+	}
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2, "v": 1})
+	_, err = c.Exec(ctx(t), `SELECT harel_publish('r', 'e2', 0, 'x')`)
+	is.NoErr(err)
+	var tenant string
+	is.NoErr(c.QueryRow(ctx(t), `SELECT tenant FROM transport_groups WHERE group_id = 'r'`).Scan(&tenant))
+	is.Equal(tenant, "x") // the kept row took the new tenant
+	is.Equal(delivered(), map[string]int64{"t": 4, "u": 2, "v": 1, "x": 0})
+
+	// A TRUNCATE, and the fold of the sessions' counts, change no total.
+	_, err = c.Exec(ctx(t), `TRUNCATE transport_groups, transport_messages, transport_ready`)
+	is.NoErr(err)
+	want := map[string]int64{"t": 4, "u": 2, "v": 1}
+	is.Equal(delivered(), want)
+	_, err = c.Exec(ctx(t), `SELECT harel_fold_counts()`)
+	is.NoErr(err)
+	is.Equal(delivered(), want)
+	var stripes int
+	is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_tenant_counts WHERE stripe <> 0`).Scan(&stripes))
+	is.Equal(stripes, 0) // folded: a row a tenant
 }
 
 // TestTenantCallsRefuseBadInput: an empty or over-long tenant is PT011, a

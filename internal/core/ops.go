@@ -74,7 +74,8 @@ func (c *Core) Stats(ctx context.Context) (pgtransport.Stats, error) {
 // q.Offset, at most q.Limit (0: DefaultGroupLimit). ErrInvalidQuery for
 // an unknown State or Order or a negative Offset or Limit,
 // ErrInvalidBatch for a Limit past MaxBatch, ErrInvalidTenant for a
-// tenant over MaxTenantBytes or not valid UTF-8, all with no round-trip. A read; pages taken one after another may
+// tenant over MaxTenantBytes, not valid UTF-8 or with a NUL, all with no
+// round-trip. A read; pages taken one after another may
 // overlap or skip groups whose state or order changed in between.
 func (c *Core) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error) {
 	if err := checkGroupQuery(q); err != nil {

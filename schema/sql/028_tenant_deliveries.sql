@@ -4,11 +4,11 @@
 -- transport_groups.handed: the messages handed out from the row (by a
 -- claim, or by an ack that kept the group for its next message), written
 -- in the same update as the lease, a column no index holds (HOT).
--- transport_tenant_counts: what the rows deleted since had handed out,
--- by tenant, added by a statement trigger on their delete
--- (functions/70_operations.sql, harel_count_deleted). harel_tenants adds
--- the two up: a tenant's deliveries so far, from which two readings give
--- its deliveries per second and its measured share.
+-- transport_tenant_counts: what rows deleted since (or revived for
+-- another tenant) had handed out, by tenant and session
+-- (functions/70_operations.sql, "Deliveries per tenant"). harel_tenants
+-- adds the two up: a tenant's deliveries so far, from which two readings
+-- give its deliveries per second and its measured share.
 --
 -- harel_groups takes a tenant to list (p_tenant, last, DEFAULT NULL: every
 -- tenant), and its rows, harel_group's and harel_group_rows' end with

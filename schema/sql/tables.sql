@@ -155,10 +155,10 @@ CREATE TABLE transport_tenants (
     charged BIGINT NOT NULL DEFAULT 0  -- its next entries go past this vt
 );
 
--- The deliveries of group rows since deleted, by tenant, for the
--- tenants' counts (harel_tenants: these and the live rows' handed). A
--- stripe each for a few sessions at once (pg_backend_pid() % 8), so that
--- deletes in parallel do not wait on one row. (028)
+-- The deliveries of group rows since deleted (or revived for another
+-- tenant), by tenant: a row per session that added to it (stripe: its
+-- pid), folded into stripe 0 (functions/70_operations.sql, "Deliveries
+-- per tenant"). harel_tenants adds these and the live rows' handed. (028)
 CREATE TABLE transport_tenant_counts (
     tenant    TEXT NOT NULL,
     stripe    INT NOT NULL,

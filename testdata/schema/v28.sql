@@ -794,11 +794,11 @@ DROP FUNCTION IF EXISTS harel_px_publish_here(INT, TEXT, TEXT, INT, BOOLEAN);
 -- transport_groups.handed: the messages handed out from the row (by a
 -- claim, or by an ack that kept the group for its next message), written
 -- in the same update as the lease, a column no index holds (HOT).
--- transport_tenant_counts: what the rows deleted since had handed out,
--- by tenant, added by a statement trigger on their delete
--- (functions/70_operations.sql, harel_count_deleted). harel_tenants adds
--- the two up: a tenant's deliveries so far, from which two readings give
--- its deliveries per second and its measured share.
+-- transport_tenant_counts: what rows deleted since (or revived for
+-- another tenant) had handed out, by tenant and session
+-- (functions/70_operations.sql, "Deliveries per tenant"). harel_tenants
+-- adds the two up: a tenant's deliveries so far, from which two readings
+-- give its deliveries per second and its measured share.
 --
 -- harel_groups takes a tenant to list (p_tenant, last, DEFAULT NULL: every
 -- tenant), and its rows, harel_group's and harel_group_rows' end with
@@ -1689,40 +1689,6 @@ BEGIN
 END
 $$;
 
--- harel_count_deleted is the trigger transport_groups_count_deleted:
--- after a statement that deleted group rows, what they had handed out is
--- added to their tenants' counts (transport_tenant_counts, a stripe per
--- few sessions), so that harel_tenants' delivered never goes back. Every
--- delete of a group row is a statement of the queue's (an ack, a reap, a
--- purge, a move to another partition), a few rows at a time.
-CREATE OR REPLACE FUNCTION harel_count_deleted()
-RETURNS TRIGGER
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_mergejoin = off
-SET jit = off
-AS $$
-BEGIN
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT o.tenant, pg_backend_pid() % 8, sum(o.handed)
-      FROM harel_deleted_groups AS o
-     WHERE o.handed > 0
-     GROUP BY o.tenant
-     ORDER BY o.tenant
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
-    RETURN NULL;
-END
-$$;
-
-DROP TRIGGER IF EXISTS transport_groups_count_deleted ON transport_groups;
-CREATE TRIGGER transport_groups_count_deleted
-    AFTER DELETE ON transport_groups
-    REFERENCING OLD TABLE AS harel_deleted_groups
-    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_deleted();
-
 -- harel_ready_front returns the frontier, moving it first where its
 -- pending check passes and no other claim is moving it (see "The
 -- frontier"), and recording the next check where this transaction holds
@@ -2009,6 +1975,7 @@ DECLARE
 BEGIN
     IF v_lo >= v_top THEN
         v_lo := 0;
+        PERFORM harel_fold_counts();  -- once a lap
     END IF;
     PERFORM setval('transport_claim_reap_cursor', LEAST(v_lo + p_slots, 1048576));
     SELECT array_agg(c.group_id) INTO v_gone
@@ -2322,13 +2289,15 @@ BEGIN
                                       WHERE g.group_id = e AND (g.drained_at >= p_now - 2 OR (p_rest AND g.state IS NULL)))
                         THEN false  -- kept: found empty, not deleted (a stream's exchange deletes only a row with a state)
                         ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
-            WITH deleted AS (
-                DELETE FROM transport_groups AS g
-                 WHERE g.group_id = ANY (v_gone)
-                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
-                RETURNING g.group_id
-            )
-            SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
+            IF v_gone IS NOT NULL THEN  -- a delete that deletes nothing would still run its statement trigger
+                WITH deleted AS (
+                    DELETE FROM transport_groups AS g
+                     WHERE g.group_id = ANY (v_gone)
+                       AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
+                    RETURNING g.group_id
+                )
+                SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
+            END IF;
             UPDATE transport_groups AS g
                SET locked_by = NULL, lock_expiry = GREATEST(p_now, g.drained_at + 0.001), retry_at = NULL,
                    drained_at = CASE WHEN NOT g.paused AND g.state IS NULL THEN COALESCE(g.drained_at, p_now) END
@@ -2649,6 +2618,8 @@ BEGIN
                                 THEN harel_try_guard(u.gid)
                                 ELSE false END AS locked
                       FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
+        END IF;
+        IF true = ANY (v_locked) THEN  -- a delete that deletes nothing would still run its statement trigger
             WITH gone AS (
                 DELETE FROM transport_groups AS g
                  USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
@@ -2676,7 +2647,8 @@ BEGIN
                    lock_expiry   = CASE WHEN a.keep AND NOT g.paused THEN p_lease ELSE p_now END,
                    delivered_seq = CASE WHEN a.keep AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
                    attempts      = CASE WHEN a.keep AND NOT g.paused THEN 1 ELSE g.attempts END,
-                   handed        = CASE WHEN a.keep AND NOT g.paused THEN g.handed + 1 ELSE g.handed END,
+                   handed        = CASE WHEN a.keep AND NOT g.paused AND g.delivered_seq IS DISTINCT FROM a.nxt
+                                        THEN g.handed + 1 ELSE g.handed END,  -- a keep's retry hands out nothing new
                    leased_at     = CASE WHEN a.keep AND NOT g.paused THEN p_now ELSE g.leased_at END,
                    retry_at      = CASE WHEN a.keep AND NOT g.paused THEN g.retry_at END,
                    drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END
@@ -3201,7 +3173,7 @@ AS $$
 BEGIN
     UPDATE transport_groups AS g
        SET locked_by = NULL, lock_expiry = NULL, retry_at = date_part('epoch', clock_timestamp()),
-           attempts = GREATEST(g.attempts - 1, 0)
+           attempts = GREATEST(g.attempts - 1, 0), handed = GREATEST(g.handed - 1, 0)
      WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     RETURN FOUND;
 END
@@ -4408,6 +4380,128 @@ BEGIN
 END
 $$;
 
+-- Deliveries per tenant (docs/design.md, "Deliveries per tenant"): what
+-- a group row handed out (transport_groups.handed) goes to its tenant's
+-- count (transport_tenant_counts) when the row is deleted or truncated,
+-- and when a kept row is revived for another tenant, so that a tenant's
+-- delivered never goes back. Each session adds to a row of its own
+-- (stripe: its pg_backend_pid()), so that no two sessions wait on one
+-- row; harel_fold_counts, once a lap of the reap, folds the sessions'
+-- rows into stripe 0.
+
+-- harel_count_deleted is the statement trigger
+-- transport_groups_count_deleted: after a delete of group rows (by any
+-- statement: the queue's acks, reaps, purges, or plain SQL).
+CREATE OR REPLACE FUNCTION harel_count_deleted()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT o.tenant, pg_backend_pid(), sum(o.handed)
+      FROM harel_deleted_groups AS o
+     WHERE o.handed > 0
+     GROUP BY o.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_deleted ON transport_groups;
+CREATE TRIGGER transport_groups_count_deleted
+    AFTER DELETE ON transport_groups
+    REFERENCING OLD TABLE AS harel_deleted_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_deleted();
+
+-- harel_count_moved is the row trigger transport_groups_count_moved:
+-- before an update that gives a row another tenant (a kept row revived by
+-- another tenant's publish, harel_revive), what it handed out stays its
+-- old tenant's. Claims and acks never set the tenant: it does not run for
+-- them.
+CREATE OR REPLACE FUNCTION harel_count_moved()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    VALUES (OLD.tenant, pg_backend_pid(), OLD.handed)
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    NEW.handed := 0;
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_moved ON transport_groups;
+CREATE TRIGGER transport_groups_count_moved
+    BEFORE UPDATE OF tenant ON transport_groups
+    FOR EACH ROW
+    WHEN (OLD.tenant IS DISTINCT FROM NEW.tenant AND OLD.handed > 0)
+    EXECUTE FUNCTION harel_count_moved();
+
+-- harel_count_truncated is the statement trigger
+-- transport_groups_count_truncated: before a TRUNCATE of the group rows
+-- (a test's or an operator's reset), what they handed out.
+CREATE OR REPLACE FUNCTION harel_count_truncated()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM set_config('enable_seqscan', 'on', true);
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT g.tenant, pg_backend_pid(), sum(g.handed)
+      FROM transport_groups AS g
+     WHERE g.handed > 0
+     GROUP BY g.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_truncated ON transport_groups;
+CREATE TRIGGER transport_groups_count_truncated
+    BEFORE TRUNCATE ON transport_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_truncated();
+
+-- harel_fold_counts folds the sessions' counts into stripe 0, which only
+-- it writes; a row a session holds (mid-transaction) is left for the
+-- next fold. So the table keeps about a row per tenant, and one per
+-- tenant and session between folds.
+CREATE OR REPLACE FUNCTION harel_fold_counts()
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM set_config('enable_seqscan', 'on', true);  -- a small table, read whole
+    WITH f AS (
+        DELETE FROM transport_tenant_counts AS c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM transport_tenant_counts AS x WHERE x.stripe <> 0
+                                     FOR UPDATE SKIP LOCKED))
+        RETURNING c.tenant, c.delivered
+    )
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT f.tenant, 0, sum(f.delivered)
+      FROM f
+     GROUP BY f.tenant
+     ORDER BY f.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+END
+$$;
 
 -- 75_state.sql: exactly-once, the per-group state (version 12).
 --
@@ -5004,7 +5098,7 @@ CREATE OR REPLACE FUNCTION harel_px_groups(
     p_order  TEXT,
     p_offset INT,
     p_limit  INT,
-    p_tenant TEXT)
+    p_tenant TEXT DEFAULT NULL)  -- a proxy of version 27 names none
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
                until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql STABLE

@@ -96,8 +96,8 @@ type Server struct {
 	samples []sample // oldest first, at most Window/Interval+1
 	lastErr error    // the last sample's error, nil if it worked
 
-	lastTenants   []pgtransport.TenantInfo // the tenants page's last reading, for its rates
-	lastTenantsAt time.Time
+	tenantsMu    sync.Mutex
+	tenantsReads [2]tenantsReading // the tenants page's last two readings, oldest first
 }
 
 // New checks cfg and returns a Server. Nothing is read until Run or a

@@ -189,9 +189,13 @@ func (s *Server) groups(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "groups", view{Title: "Groups", Nav: "groups", Data: d})
 }
 
-// TenantsRefresh is how often the tenants page reloads itself: its rates
-// are over the time since the page was last read.
+// TenantsRefresh is how often the tenants page reloads itself. A reading
+// of the tenants (every group row) serves every viewer for half of it,
+// and the rates are between the last two readings.
 const TenantsRefresh = 10 * time.Second
+
+// tenantsReadEvery is how old a reading may be before a view reads again.
+var tenantsReadEvery = TenantsRefresh / 2
 
 type tenantRow struct {
 	pgtransport.TenantInfo
@@ -204,28 +208,37 @@ type tenantsData struct {
 	Refresh int           // seconds
 }
 
-// tenants lists the tenants (Transport.Tenants, which reads every group
-// row: only when this page is read, never by the sampler), with each
-// one's deliveries per second and measured share since the previous
-// reading, by any viewer, when it was at most 5 minutes ago.
+// tenantsReading is one reading of Transport.Tenants, and when.
+type tenantsReading struct {
+	at      time.Time
+	tenants []pgtransport.TenantInfo
+}
+
+// tenants lists the tenants, with each one's deliveries per second and
+// measured share between the last two readings (at most 5 minutes
+// apart). Only this page reads them, never the sampler, and at most once
+// every tenantsReadEvery however many viewers it has.
 func (s *Server) tenants(w http.ResponseWriter, r *http.Request) {
-	ts, err := s.cfg.Transport.Tenants(r.Context())
-	if err != nil {
-		s.fail(w, r, err)
-		return
+	s.tenantsMu.Lock() // one reading at a time; the sampler does not take it
+	prev, last := s.tenantsReads[0], s.tenantsReads[1]
+	if last.at.IsZero() || time.Since(last.at) >= tenantsReadEvery {
+		ts, err := s.cfg.Transport.Tenants(r.Context())
+		if err != nil {
+			s.tenantsMu.Unlock()
+			s.fail(w, r, err)
+			return
+		}
+		prev, last = last, tenantsReading{at: time.Now(), tenants: ts}
+		s.tenantsReads = [2]tenantsReading{prev, last}
 	}
-	now := time.Now()
-	s.mu.Lock()
-	prev, prevAt := s.lastTenants, s.lastTenantsAt
-	s.lastTenants, s.lastTenantsAt = ts, now
-	s.mu.Unlock()
-	d := tenantsData{Tenants: make([]tenantRow, len(ts)), Refresh: int(TenantsRefresh.Seconds())}
+	s.tenantsMu.Unlock()
+	d := tenantsData{Tenants: make([]tenantRow, len(last.tenants)), Refresh: int(TenantsRefresh.Seconds())}
 	var rates []pgtransport.TenantRate
-	if !prevAt.IsZero() && now.Sub(prevAt) <= 5*time.Minute {
-		d.Since = now.Sub(prevAt).Round(100 * time.Millisecond)
-		rates = pgtransport.Rates(prev, ts, now.Sub(prevAt))
+	if gap := last.at.Sub(prev.at); !prev.at.IsZero() && gap <= 5*time.Minute {
+		d.Since = gap.Round(100 * time.Millisecond)
+		rates = pgtransport.Rates(prev.tenants, last.tenants, gap)
 	}
-	for i, t := range ts {
+	for i, t := range last.tenants {
 		d.Tenants[i].TenantInfo = t
 		if rates != nil {
 			d.Tenants[i].Rate = &rates[i]

@@ -16,12 +16,14 @@ import (
 // TestTenantsPage: the tenants page lists each tenant's weight, groups,
 // groups in flight, ready groups, share and deliveries, and from its
 // second reading the deliveries per second and the measured share since
-// the first; a tenant's link lists its groups only, and a bad tenant
+// the first; a reading serves every view until it is tenantsReadEvery
+// old; a tenant's link lists its groups only, and a bad tenant
 // there is a 400.
 func TestTenantsPage(t *testing.T) {
-	t.Parallel()
 	is := is.New(t)
 	ctx := context.Background()
+	tenantsReadEvery = time.Second // not parallel: no other test reads it
+	t.Cleanup(func() { tenantsReadEvery = TenantsRefresh / 2 })
 	q := newQueue(t, pgtransport.Config{})
 	for _, m := range []pgtransport.Message{
 		{Group: "a1", Event: "e", Tenant: "acme"},
@@ -55,13 +57,14 @@ func TestTenantsPage(t *testing.T) {
 		return out
 	}
 	page := get("/tenants", http.StatusOK)
+	is.Equal(get("/tenants", http.StatusOK), page)                                      // the same reading
 	is.Equal(cells(page, "acme"), []string{"1", "3", "0", "3", "50.0%", "-", "-", "0"}) // weight, groups, in flight, ready, share, measured, per s, delivered
 	is.Equal(cells(page, "default"), []string{"1", "1", "0", "1", "50.0%", "-", "-", "0"})
 
 	ls, err := q.tr.ClaimMany(ctx, "w", time.Minute, 0, 4)
 	is.NoErr(err)
 	is.Equal(len(ls), 4)
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(tenantsReadEvery)
 	page = get("/tenants", http.StatusOK)
 	acme, def := cells(page, "acme"), cells(page, "default")
 	is.Equal(acme[:6], []string{"1", "3", "3", "0", "0.0%", "75.0%"}) // all in flight, none ready: 3 of the 4 deliveries

@@ -193,6 +193,7 @@ DECLARE
 BEGIN
     IF v_lo >= v_top THEN
         v_lo := 0;
+        PERFORM harel_fold_counts();  -- once a lap
     END IF;
     PERFORM setval('transport_claim_reap_cursor', LEAST(v_lo + p_slots, 1048576));
     SELECT array_agg(c.group_id) INTO v_gone
@@ -506,13 +507,15 @@ BEGIN
                                       WHERE g.group_id = e AND (g.drained_at >= p_now - 2 OR (p_rest AND g.state IS NULL)))
                         THEN false  -- kept: found empty, not deleted (a stream's exchange deletes only a row with a state)
                         ELSE harel_try_guard(e) END;  -- a CASE, so that the lock is not taken for a kept row
-            WITH deleted AS (
-                DELETE FROM transport_groups AS g
-                 WHERE g.group_id = ANY (v_gone)
-                   AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
-                RETURNING g.group_id
-            )
-            SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
+            IF v_gone IS NOT NULL THEN  -- a delete that deletes nothing would still run its statement trigger
+                WITH deleted AS (
+                    DELETE FROM transport_groups AS g
+                     WHERE g.group_id = ANY (v_gone)
+                       AND NOT EXISTS (SELECT 1 FROM transport_messages AS m WHERE m.group_id = g.group_id OFFSET 0)
+                    RETURNING g.group_id
+                )
+                SELECT array_agg(d.group_id) INTO v_gone FROM deleted AS d;
+            END IF;
             UPDATE transport_groups AS g
                SET locked_by = NULL, lock_expiry = GREATEST(p_now, g.drained_at + 0.001), retry_at = NULL,
                    drained_at = CASE WHEN NOT g.paused AND g.state IS NULL THEN COALESCE(g.drained_at, p_now) END

@@ -207,6 +207,8 @@ BEGIN
                                 THEN harel_try_guard(u.gid)
                                 ELSE false END AS locked
                       FROM unnest(p_groups, v_next, v_first) WITH ORDINALITY AS u(gid, nxt, first, i)) AS x;
+        END IF;
+        IF true = ANY (v_locked) THEN  -- a delete that deletes nothing would still run its statement trigger
             WITH gone AS (
                 DELETE FROM transport_groups AS g
                  USING unnest(p_groups, p_seqs, p_tokens, v_locked) WITH ORDINALITY AS a(gid, s, tok, locked, i)
@@ -234,7 +236,8 @@ BEGIN
                    lock_expiry   = CASE WHEN a.keep AND NOT g.paused THEN p_lease ELSE p_now END,
                    delivered_seq = CASE WHEN a.keep AND NOT g.paused THEN a.nxt ELSE g.delivered_seq END,
                    attempts      = CASE WHEN a.keep AND NOT g.paused THEN 1 ELSE g.attempts END,
-                   handed        = CASE WHEN a.keep AND NOT g.paused THEN g.handed + 1 ELSE g.handed END,
+                   handed        = CASE WHEN a.keep AND NOT g.paused AND g.delivered_seq IS DISTINCT FROM a.nxt
+                                        THEN g.handed + 1 ELSE g.handed END,  -- a keep's retry hands out nothing new
                    leased_at     = CASE WHEN a.keep AND NOT g.paused THEN p_now ELSE g.leased_at END,
                    retry_at      = CASE WHEN a.keep AND NOT g.paused THEN g.retry_at END,
                    drained_at    = CASE WHEN a.nxt IS NULL AND NOT g.paused AND g.state IS NULL THEN p_now END

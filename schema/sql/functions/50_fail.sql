@@ -351,7 +351,7 @@ AS $$
 BEGIN
     UPDATE transport_groups AS g
        SET locked_by = NULL, lock_expiry = NULL, retry_at = date_part('epoch', clock_timestamp()),
-           attempts = GREATEST(g.attempts - 1, 0)
+           attempts = GREATEST(g.attempts - 1, 0), handed = GREATEST(g.handed - 1, 0)
      WHERE g.group_id = p_group AND g.locked_by = p_token AND g.locked_by <> '';
     RETURN FOUND;
 END

@@ -779,3 +779,125 @@ BEGIN
 END
 $$;
 
+-- Deliveries per tenant (docs/design.md, "Deliveries per tenant"): what
+-- a group row handed out (transport_groups.handed) goes to its tenant's
+-- count (transport_tenant_counts) when the row is deleted or truncated,
+-- and when a kept row is revived for another tenant, so that a tenant's
+-- delivered never goes back. Each session adds to a row of its own
+-- (stripe: its pg_backend_pid()), so that no two sessions wait on one
+-- row; harel_fold_counts, once a lap of the reap, folds the sessions'
+-- rows into stripe 0.
+
+-- harel_count_deleted is the statement trigger
+-- transport_groups_count_deleted: after a delete of group rows (by any
+-- statement: the queue's acks, reaps, purges, or plain SQL).
+CREATE OR REPLACE FUNCTION harel_count_deleted()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT o.tenant, pg_backend_pid(), sum(o.handed)
+      FROM harel_deleted_groups AS o
+     WHERE o.handed > 0
+     GROUP BY o.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_deleted ON transport_groups;
+CREATE TRIGGER transport_groups_count_deleted
+    AFTER DELETE ON transport_groups
+    REFERENCING OLD TABLE AS harel_deleted_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_deleted();
+
+-- harel_count_moved is the row trigger transport_groups_count_moved:
+-- before an update that gives a row another tenant (a kept row revived by
+-- another tenant's publish, harel_revive), what it handed out stays its
+-- old tenant's. Claims and acks never set the tenant: it does not run for
+-- them.
+CREATE OR REPLACE FUNCTION harel_count_moved()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    VALUES (OLD.tenant, pg_backend_pid(), OLD.handed)
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    NEW.handed := 0;
+    RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_moved ON transport_groups;
+CREATE TRIGGER transport_groups_count_moved
+    BEFORE UPDATE OF tenant ON transport_groups
+    FOR EACH ROW
+    WHEN (OLD.tenant IS DISTINCT FROM NEW.tenant AND OLD.handed > 0)
+    EXECUTE FUNCTION harel_count_moved();
+
+-- harel_count_truncated is the statement trigger
+-- transport_groups_count_truncated: before a TRUNCATE of the group rows
+-- (a test's or an operator's reset), what they handed out.
+CREATE OR REPLACE FUNCTION harel_count_truncated()
+RETURNS TRIGGER
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM set_config('enable_seqscan', 'on', true);
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT g.tenant, pg_backend_pid(), sum(g.handed)
+      FROM transport_groups AS g
+     WHERE g.handed > 0
+     GROUP BY g.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS transport_groups_count_truncated ON transport_groups;
+CREATE TRIGGER transport_groups_count_truncated
+    BEFORE TRUNCATE ON transport_groups
+    FOR EACH STATEMENT EXECUTE FUNCTION harel_count_truncated();
+
+-- harel_fold_counts folds the sessions' counts into stripe 0, which only
+-- it writes; a row a session holds (mid-transaction) is left for the
+-- next fold. So the table keeps about a row per tenant, and one per
+-- tenant and session between folds.
+CREATE OR REPLACE FUNCTION harel_fold_counts()
+RETURNS VOID
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+BEGIN
+    PERFORM set_config('enable_seqscan', 'on', true);  -- a small table, read whole
+    WITH f AS (
+        DELETE FROM transport_tenant_counts AS c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM transport_tenant_counts AS x WHERE x.stripe <> 0
+                                     FOR UPDATE SKIP LOCKED))
+        RETURNING c.tenant, c.delivered
+    )
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT f.tenant, 0, sum(f.delivered)
+      FROM f
+     GROUP BY f.tenant
+     ORDER BY f.tenant
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+END
+$$;

@@ -316,7 +316,7 @@ CREATE OR REPLACE FUNCTION harel_px_groups(
     p_order  TEXT,
     p_offset INT,
     p_limit  INT,
-    p_tenant TEXT)
+    p_tenant TEXT DEFAULT NULL)  -- a proxy of version 27 names none
 RETURNS TABLE (group_id TEXT, priority INT, state TEXT, holder TEXT, leased_at DOUBLE PRECISION,
                until DOUBLE PRECISION, head_seq BIGINT, head_age DOUBLE PRECISION, attempts INT, tenant TEXT)
 LANGUAGE sql STABLE
