@@ -457,17 +457,28 @@ func TestKeptRowTakesTenant(t *testing.T) {
 // TestProxyUpgradeKeepsGrantedRole: where the owner's default privileges
 // revoke EXECUTE from PUBLIC, a role granted the proxy's calls at version
 // 26 may still publish after the upgrade, which recreated the publishes
-// (they take a tenant), and may call the tenants' new functions. (The
+// (they take a tenant), and may call the tenants' new functions; one
+// granted them at version 27 may still list groups and tenants, whose
+// functions version 28 recreated with new columns. (The
 // owner is a superuser of its own: only one may create PL/Proxy functions,
 // and default privileges are per role.)
 func TestProxyUpgradeKeepsGrantedRole(t *testing.T) {
 	t.Parallel()
+	for _, from := range []int{26, 27} { // before the tenants; before the functions' new columns
+		t.Run(fmt.Sprint("from", from), func(t *testing.T) {
+			t.Parallel()
+			proxyUpgradeKeepsGrantedRole(t, from)
+		})
+	}
+}
+
+func proxyUpgradeKeepsGrantedRole(t *testing.T, from int) {
 	is := is.New(t)
 	p := pgtest.Partitions(t, 4)
 	s := pgx.Identifier{p.Schema}.Sanitize()
-	script, err := os.ReadFile("../testdata/proxy/v26.sql")
+	script, err := os.ReadFile(fmt.Sprintf("../testdata/proxy/v%d.sql", from))
 	is.NoErr(err)
-	v26, found := strings.CutSuffix(string(script), "SELECT harel_px_check(26);\nCOMMIT;\n")
+	old, found := strings.CutSuffix(string(script), fmt.Sprintf("SELECT harel_px_check(%d);\nCOMMIT;\n", from))
 	is.True(found)
 	owner, worker := "o27_"+p.Schema, "w27_"+p.Schema
 	o, w := pgx.Identifier{owner}.Sanitize(), pgx.Identifier{worker}.Sanitize()
@@ -496,12 +507,13 @@ func TestProxyUpgradeKeepsGrantedRole(t *testing.T) {
 	exec(`ALTER DEFAULT PRIVILEGES FOR ROLE ` + o + ` REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC`)
 	exec(`SET ROLE ` + o)
 	exec(`SET search_path TO ` + s)
-	exec(v26 + "COMMIT;\n")
+	exec(old + "COMMIT;\n")
 	exec(`GRANT USAGE ON SCHEMA ` + s + ` TO ` + w + `; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ` + s + ` TO ` + w)
 	is.NoErr(schema.ApplyProxy(ctx(t), c, p.Schema))
 	exec(`RESET ROLE`)
 	for _, fn := range []string{"harel_publish(text,text,integer,text)", "harel_publish_many(text[],text[],integer[],text[])",
-		"harel_tenants(double precision)", "harel_set_tenant_weight(text,integer)"} {
+		"harel_tenants(double precision)", "harel_set_tenant_weight(text,integer)",
+		"harel_groups(double precision,text,text,integer,integer,text)", "harel_group(double precision,text)"} {
 		var can bool
 		is.NoErr(c.QueryRow(ctx(t), `SELECT has_function_privilege($1, $2, 'EXECUTE')`, worker, p.Schema+"."+fn).Scan(&can))
 		if !can {
