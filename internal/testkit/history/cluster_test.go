@@ -90,8 +90,12 @@ func TestClusterPartitionRestart(t *testing.T) {
 	run, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg stdsync.WaitGroup
+	// The publishers end once total are published; a batch in flight then
+	// still commits, so the drain below waits for them all to return
+	// first (else it may stop the workers before that batch's commit).
+	var pubs stdsync.WaitGroup
 	for w := range 2 { // publishers: batches over every partition
-		wg.Go(func() {
+		pubs.Go(func() {
 			for n := 0; published.Load() < total && run.Err() == nil; n++ {
 				var msgs []pgtransport.Message
 				for k := range 10 {
@@ -121,6 +125,8 @@ func TestClusterPartitionRestart(t *testing.T) {
 			}
 		})
 	}
+	pubsDone := make(chan struct{})
+	go func() { pubs.Wait(); close(pubsDone) }()
 	for w := range 3 { // blocking workers
 		name := fmt.Sprint("s", w)
 		wg.Go(func() {
@@ -205,8 +211,14 @@ func TestClusterPartitionRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		finished := false // read before the count: the last publish committed before it
+		select {
+		case <-pubsDone:
+			finished = true
+		default:
+		}
 		m, g, err := leftIn(pools) // an error: a partition not back yet
-		if err == nil && published.Load() >= total && m == 0 && g == 0 {
+		if err == nil && finished && m == 0 && g == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -218,6 +230,9 @@ func TestClusterPartitionRestart(t *testing.T) {
 	wg.Wait()
 
 	var end history.End
+	if end.Messages, end.Groups, err = leftIn(pools); err != nil {
+		t.Fatal(err)
+	}
 	for after := int64(0); ; {
 		var page []pgtransport.DeadLetter
 		err := errors.New("not read")

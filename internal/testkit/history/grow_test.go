@@ -109,9 +109,15 @@ func TestClusterGrows(t *testing.T) {
 			}
 		}
 	}
-	wg.Go(func() { publisher("pub0", cur.Load) })
-	wg.Go(func() { publisher("pub1", cur.Load) })
-	wg.Go(func() { publisher("stale", func() *pgsync.Transport { return old }) }) // the old map, throughout
+	// The publishers end once total are published; a batch in flight then
+	// still commits, so the drain below waits for them all to return
+	// first (else it may stop the workers before that batch's commit).
+	var pubs stdsync.WaitGroup
+	pubs.Go(func() { publisher("pub0", cur.Load) })
+	pubs.Go(func() { publisher("pub1", cur.Load) })
+	pubs.Go(func() { publisher("stale", func() *pgsync.Transport { return old }) }) // the old map, throughout
+	pubsDone := make(chan struct{})
+	go func() { pubs.Wait(); close(pubsDone) }()
 	worker := func(name string, cl *pgsync.Transport) {
 		for run.Err() == nil {
 			start := time.Now()
@@ -207,11 +213,17 @@ func TestClusterGrows(t *testing.T) {
 	}
 
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		finished := false // read before the count: the last publish committed before it
+		select {
+		case <-pubsDone:
+			finished = true
+		default:
+		}
 		m, g, err := leftIn(p.Parts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if published.Load() >= total && m == 0 && g == 0 {
+		if finished && m == 0 && g == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -221,6 +233,10 @@ func TestClusterGrows(t *testing.T) {
 	stop()
 	s.Close()
 	wg.Wait()
+	var end history.End
+	if end.Messages, end.Groups, err = leftIn(p.Parts); err != nil {
+		t.Fatal(err)
+	}
 
 	// A PublishTx of a moving group that has left: in its old partition's
 	// transaction the fence refuses it; in its new one's it is published.
@@ -242,7 +258,7 @@ func TestClusterGrows(t *testing.T) {
 		}
 	}
 
-	errs, stats := history.Check(h.Ops(), history.End{})
+	errs, stats := history.Check(h.Ops(), end)
 	for _, err := range errs {
 		t.Error(err)
 	}
