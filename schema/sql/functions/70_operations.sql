@@ -131,8 +131,10 @@ $$;
 -- An unknown p_state or p_order, or a negative p_offset or p_limit, is
 -- refused with SQLSTATE 22023; a tenant that is empty or over 256 bytes
 -- with PT011. The listing reads whole tables where its
--- filter must (a state, most_attempts, held_longest: one pass over the
--- group rows), so it may plan sequential scans.
+-- filter must (a state, a tenant, most_attempts, held_longest: one pass
+-- over the group rows), so it may plan sequential scans; oldest_head with
+-- a tenant walks the oldest 100,000 messages of every tenant, so a small
+-- tenant's page may come back short.
 CREATE OR REPLACE FUNCTION harel_groups(
     p_now    DOUBLE PRECISION,
     p_state  TEXT,
