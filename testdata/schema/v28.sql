@@ -4391,6 +4391,23 @@ $$;
 -- row; harel_fold_counts, once a lap of the reap, folds the sessions'
 -- rows into stripe 0.
 
+-- harel_count_add adds p_counts to p_tenants' counts, in this session's
+-- row of each (p_tenants without duplicates).
+CREATE OR REPLACE FUNCTION harel_count_add(p_tenants TEXT[], p_counts BIGINT[])
+RETURNS VOID
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $$
+    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
+    SELECT u.t, pg_backend_pid(), u.n
+      FROM unnest(p_tenants, p_counts) AS u(t, n)
+     WHERE u.n > 0
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered
+$$;
+
 -- harel_count_deleted is the statement trigger
 -- transport_groups_count_deleted: after a delete of group rows (by any
 -- statement: the queue's acks, reaps, purges, or plain SQL).
@@ -4403,12 +4420,8 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT o.tenant, pg_backend_pid(), sum(o.handed)
-      FROM harel_deleted_groups AS o
-     WHERE o.handed > 0
-     GROUP BY o.tenant
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    PERFORM harel_count_add(array_agg(o.tenant), array_agg(o.n))
+       FROM (SELECT o.tenant, sum(o.handed)::BIGINT AS n FROM harel_deleted_groups AS o GROUP BY o.tenant) AS o;
     RETURN NULL;
 END
 $$;
@@ -4433,9 +4446,7 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    VALUES (OLD.tenant, pg_backend_pid(), OLD.handed)
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    PERFORM harel_count_add(ARRAY[OLD.tenant], ARRAY[OLD.handed]);
     NEW.handed := 0;
     RETURN NEW;
 END
@@ -4461,12 +4472,8 @@ SET jit = off
 AS $$
 BEGIN
     PERFORM set_config('enable_seqscan', 'on', true);
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT g.tenant, pg_backend_pid(), sum(g.handed)
-      FROM transport_groups AS g
-     WHERE g.handed > 0
-     GROUP BY g.tenant
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    PERFORM harel_count_add(array_agg(g.tenant), array_agg(g.n))
+       FROM (SELECT g.tenant, sum(g.handed)::BIGINT AS n FROM transport_groups AS g GROUP BY g.tenant) AS g;
     RETURN NULL;
 END
 $$;
