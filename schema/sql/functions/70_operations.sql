@@ -791,20 +791,24 @@ $$;
 -- rows into stripe 0.
 
 -- harel_count_add adds p_counts to p_tenants' counts, in this session's
--- row of each (p_tenants without duplicates).
+-- row of each (p_tenants without duplicates). In PL/pgSQL, whose plan
+-- the session keeps: a SQL function called from a trigger is planned on
+-- every call.
 CREATE OR REPLACE FUNCTION harel_count_add(p_tenants TEXT[], p_counts BIGINT[])
 RETURNS VOID
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET jit = off
 AS $$
+BEGIN
     INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
     SELECT u.t, pg_backend_pid(), u.n
       FROM unnest(p_tenants, p_counts) AS u(t, n)
      WHERE u.n > 0
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered
+    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+END
 $$;
 
 -- harel_count_deleted is the statement trigger
