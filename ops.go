@@ -69,15 +69,15 @@ const (
 // GroupQuery selects a page of groups.
 type GroupQuery struct {
 	State  GroupState // "" means every state
-	Tenant string     // "" means every tenant; else valid UTF-8, no NUL, at most MaxTenantBytes (ErrInvalidTenant)
 	Order  GroupOrder // "" means ByGroup
 	Offset int        // rows to skip: 0 from the start, else the rows already seen
 	Limit  int        // the page size: 0 means DefaultGroupLimit; at most MaxBatch (ErrInvalidBatch)
+	Tenant string     // "" means every tenant; else valid UTF-8, no NUL, at most MaxTenantBytes (ErrInvalidTenant)
 }
 
 // TenantInfo is one tenant as an operator sees it (docs/design.md,
-// "Shares across tenants"): each tenant that has groups or was given a
-// weight.
+// "Shares across tenants"): each tenant that has groups, was given a
+// weight or has deliveries counted.
 type TenantInfo struct {
 	Tenant string
 	// Weight is its weight, 1 where never set (SetTenantWeight).
@@ -95,9 +95,10 @@ type TenantInfo struct {
 	// Delivered counts the messages handed out from its groups so far
 	// (each claim's, each kept group's next; a retry again; a lease given
 	// back unused not): two readings give its deliveries per second and
-	// its measured share (Rates). From schema version 28; it never goes
-	// back (rows deleted, truncated or revived for another tenant leave
-	// their counts to it: docs/protocol.md, transport_tenant_counts).
+	// its measured share (Rates). From schema version 28. Rows deleted,
+	// truncated or revived for another tenant leave their counts to it
+	// (docs/protocol.md, transport_tenant_counts); it goes back only when
+	// a lease counted by an earlier reading is given back unused.
 	Delivered int64
 }
 
@@ -114,7 +115,8 @@ type TenantRate struct {
 
 // Rates is each tenant's deliveries per second and measured share from
 // prev to cur, two readings of Tenants taken elapsed apart, in cur's
-// order: a tenant new in cur counts from 0. A negative elapsed, or none,
+// order: a tenant new in cur counts from 0, and one whose count went back
+// (a lease given back unused) counts 0. A negative elapsed, or none,
 // gives zero rates.
 func Rates(prev, cur []TenantInfo, elapsed time.Duration) []TenantRate {
 	before := make(map[string]int64, len(prev))

@@ -167,8 +167,9 @@ var (
 	ErrInvalidDedupKey = errors.New("pgtransport: invalid dedup key")
 	// ErrInvalidTenant: a tenant id longer than MaxTenantBytes, not valid
 	// UTF-8 or holding a NUL byte (Message.Tenant; "" there means
-	// DefaultTenant), or empty where a tenant is named (SetTenantWeight).
-	// Nothing was written.
+	// DefaultTenant; GroupQuery.Tenant, "" there means every tenant), or
+	// empty where a tenant is named (SetTenantWeight). Nothing was
+	// written.
 	ErrInvalidTenant = errors.New("pgtransport: invalid tenant")
 	// ErrInvalidWeight: a tenant weight outside 1 to MaxTenantWeight.
 	// Nothing was written.

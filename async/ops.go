@@ -18,7 +18,8 @@ func (t *Transport) Stats(ctx context.Context) <-chan Result[pgtransport.Stats] 
 }
 
 // Groups delivers a page of the queue's groups; as sync.Transport.Groups
-// (ErrInvalidQuery, ErrInvalidBatch with no round-trip).
+// (ErrInvalidQuery, ErrInvalidBatch, ErrInvalidTenant with no
+// round-trip).
 func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) <-chan Result[[]pgtransport.GroupInfo] {
 	return call(t, ctx, func(ctx context.Context) ([]pgtransport.GroupInfo, error) {
 		return t.cl.Groups(ctx, q)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -272,12 +273,12 @@ func TestTenantDeliveries(t *testing.T) {
 	_, err = c.Exec(ctx(t), `SELECT harel_fold_counts()`)
 	is.NoErr(err)
 	is.Equal(delivered(), want)
-	stripes := func() (n int) {
+	added := func() (n int) { // the rows not folded yet
 		t.Helper()
-		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_tenant_counts WHERE stripe <> 0`).Scan(&n))
+		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_tenant_counts WHERE NOT folded`).Scan(&n))
 		return n
 	}
-	is.Equal(stripes(), 0) // folded: a row a tenant
+	is.Equal(added(), 0) // folded: a row a tenant
 
 	// The retry of a keep whose answer was lost hands out its next
 	// message again, and counts it once.
@@ -297,20 +298,62 @@ func TestTenantDeliveries(t *testing.T) {
 	// The reap deletes the drained row, its count goes to this session's
 	// row, and the reap's next lap folds it.
 	is.NoErr(c.QueryRow(ctx(t), `SELECT harel_ack('y', $1, 'w', 1010)`, next).Scan(new(bool)))
-	is.Equal(stripes(), 0)
+	is.Equal(added(), 0)
 	left := 1
 	for try := 0; left > 0 && try < 100; try++ { // round the slots to the row's
 		_, err = c.Exec(ctx(t), `SELECT harel_reap(1020, 64)`)
 		is.NoErr(err)
 		is.NoErr(c.QueryRow(ctx(t), `SELECT count(*) FROM transport_groups`).Scan(&left))
 	}
-	is.Equal(left, 0)      // reaped
-	is.Equal(stripes(), 1) // its count in this session's row
+	is.Equal(left, 0)    // reaped
+	is.Equal(added(), 1) // the reap's delete added a row
 	is.Equal(delivered(), want)
 	_, err = c.Exec(ctx(t), `SELECT harel_reap(1020, 64)`) // past the last slot: a new lap
 	is.NoErr(err)
-	is.Equal(stripes(), 0)
+	is.Equal(added(), 0)
 	is.Equal(delivered(), want)
+}
+
+// TestCountsNeverWait: a fold while another fold's transaction is open
+// is skipped, not waited for, and a delete's count is added while a fold
+// holds the rows it folds; so no claim waits on the counts, nor holds one
+// another claim waits for (a claim's reap may fold).
+func TestCountsNeverWait(t *testing.T) {
+	t.Parallel()
+	is := is.New(t)
+	db := noClockBound(t, pgtest.New(t, 3))
+	is.NoErr(schema.Apply(ctx(t), db.Pool, db.Schema))
+	a, b := db.Conn(t), db.Conn(t)
+	_, err := a.Exec(ctx(t), `SELECT harel_count_add('{t,u}', '{2,3}')`)
+	is.NoErr(err)
+	tx, err := a.Begin(ctx(t))
+	is.NoErr(err)
+	defer tx.Rollback(ctx(t))                              //nolint:errcheck // committed below
+	_, err = tx.Exec(ctx(t), `SELECT harel_fold_counts()`) // holds what it folded until it commits
+	is.NoErr(err)
+
+	quick, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	_, err = b.Exec(quick, `SELECT harel_publish('g', 'e', 0, 't')`)
+	is.NoErr(err)
+	var seq int64
+	is.NoErr(b.QueryRow(quick, `SELECT seq FROM harel_claim(1001, 1060, 'w')`).Scan(&seq))
+	_, err = b.Exec(quick, `DELETE FROM transport_messages; DELETE FROM transport_groups`) // counts 1 for t
+	is.NoErr(err)
+	_, err = b.Exec(quick, `SELECT harel_fold_counts()`) // skipped: a's is open
+	is.NoErr(err)
+	count := func(q string) (n int64) {
+		t.Helper()
+		is.NoErr(b.QueryRow(ctx(t), q).Scan(&n))
+		return n
+	}
+	is.Equal(count(`SELECT count(*) FROM transport_tenant_counts WHERE NOT folded`), int64(3)) // as a left them (b sees its fold uncommitted), and b's
+	is.NoErr(tx.Commit(ctx(t)))
+	_, err = b.Exec(ctx(t), `SELECT harel_fold_counts()`)
+	is.NoErr(err)
+	is.Equal(count(`SELECT count(*) FROM transport_tenant_counts WHERE NOT folded`), int64(0))
+	is.Equal(count(`SELECT delivered FROM harel_tenants(1001) WHERE tenant = 't'`), int64(3))
+	is.Equal(count(`SELECT delivered FROM harel_tenants(1001) WHERE tenant = 'u'`), int64(3))
 }
 
 // TestTenantCallsRefuseBadInput: an empty or over-long tenant is PT011, a

@@ -28,13 +28,14 @@ func (t *Transport) Stats(ctx context.Context) (pgtransport.Stats, error) {
 }
 
 // Groups returns a page of the queue's groups: those in q.State (""
-// every state), in q.Order (see pgtransport.GroupOrder), after skipping
-// q.Offset, at most q.Limit (0: pgtransport.DefaultGroupLimit). Page on
-// with Offset grown by the rows seen; a group whose state or place
-// changes between two pages may be missed or seen twice. An unknown State
-// or Order, or a negative Offset or Limit: ErrInvalidQuery; a Limit past
-// pgtransport.MaxBatch: ErrInvalidBatch; both with no round-trip. A read.
-// One round-trip.
+// every state) of q.Tenant ("" every tenant), in q.Order (see
+// pgtransport.GroupOrder), after skipping q.Offset, at most q.Limit (0:
+// pgtransport.DefaultGroupLimit). Page on with Offset grown by the rows
+// seen; a group whose state or place changes between two pages may be
+// missed or seen twice. An unknown State or Order, or a negative Offset
+// or Limit: ErrInvalidQuery; a Limit past pgtransport.MaxBatch:
+// ErrInvalidBatch; a Tenant that is no tenant id: ErrInvalidTenant; all
+// with no round-trip. A read. One round-trip.
 func (t *Transport) Groups(ctx context.Context, q pgtransport.GroupQuery) ([]pgtransport.GroupInfo, error) {
 	if err := t.check("groups"); err != nil {
 		return nil, err
@@ -166,10 +167,12 @@ func (t *Transport) SetTenantWeight(ctx context.Context, tenant string, weight i
 	return t.cl.SetTenantWeight(ctx, tenant, weight)
 }
 
-// Tenants lists the tenants that have groups or a weight, in tenant
-// order, each with its weight, groups, leased groups, groups waiting
-// their turn and share (see pgtransport.TenantInfo). It reads every group
-// row: an operator's call. A read. One round-trip.
+// Tenants lists the tenants that have groups, a weight or deliveries
+// counted, in tenant order, each with its weight, groups, leased groups,
+// groups waiting their turn, share and deliveries so far (see
+// pgtransport.TenantInfo; pgtransport.Rates turns two readings into
+// rates). It reads every group row: an operator's call. A read. One
+// round-trip.
 func (t *Transport) Tenants(ctx context.Context) ([]pgtransport.TenantInfo, error) {
 	if err := t.check("tenants"); err != nil {
 		return nil, err

@@ -5,7 +5,8 @@
 -- claim, or by an ack that kept the group for its next message), written
 -- in the same update as the lease, a column no index holds (HOT).
 -- transport_tenant_counts: what rows deleted since (or revived for
--- another tenant) had handed out, by tenant and session
+-- another tenant) had handed out, by tenant, a row added by each
+-- deleting statement and folded into one row a tenant
 -- (functions/70_operations.sql, "Deliveries per tenant"). harel_tenants
 -- adds the two up: a tenant's deliveries so far, from which two readings
 -- give its deliveries per second and its measured share.
@@ -19,10 +20,10 @@ ALTER TABLE transport_groups ADD COLUMN IF NOT EXISTS handed BIGINT NOT NULL DEF
 
 CREATE TABLE IF NOT EXISTS transport_tenant_counts (
     tenant    TEXT NOT NULL,
-    stripe    INT NOT NULL,
-    delivered BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, stripe)
+    folded    BOOLEAN NOT NULL DEFAULT false,
+    delivered BIGINT NOT NULL DEFAULT 0
 );
+CREATE UNIQUE INDEX IF NOT EXISTS transport_tenant_counts_folded ON transport_tenant_counts (tenant) WHERE folded;
 
 DROP FUNCTION IF EXISTS harel_group_rows(DOUBLE PRECISION, TEXT[]);
 DROP FUNCTION IF EXISTS harel_group(DOUBLE PRECISION, TEXT);

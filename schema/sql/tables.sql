@@ -156,15 +156,15 @@ CREATE TABLE transport_tenants (
 );
 
 -- The deliveries of group rows since deleted (or revived for another
--- tenant), by tenant: a row per session that added to it (stripe: its
--- pid), folded into stripe 0 (functions/70_operations.sql, "Deliveries
--- per tenant"). harel_tenants adds these and the live rows' handed. (028)
+-- tenant), by tenant: a row added by each deleting statement, folded
+-- into one row a tenant (functions/70_operations.sql, "Deliveries per
+-- tenant"). harel_tenants adds these and the live rows' handed. (028)
 CREATE TABLE transport_tenant_counts (
     tenant    TEXT NOT NULL,
-    stripe    INT NOT NULL,
-    delivered BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, stripe)
+    folded    BOOLEAN NOT NULL DEFAULT false,
+    delivered BIGINT NOT NULL DEFAULT 0
 );
+CREATE UNIQUE INDEX transport_tenant_counts_folded ON transport_tenant_counts (tenant) WHERE folded;
 
 -- Idle consumers that want a LISTEN/NOTIFY wake-up for a new group at or
 -- above min_priority, until a time they refresh while idle. (003, 005)

@@ -795,7 +795,8 @@ DROP FUNCTION IF EXISTS harel_px_publish_here(INT, TEXT, TEXT, INT, BOOLEAN);
 -- claim, or by an ack that kept the group for its next message), written
 -- in the same update as the lease, a column no index holds (HOT).
 -- transport_tenant_counts: what rows deleted since (or revived for
--- another tenant) had handed out, by tenant and session
+-- another tenant) had handed out, by tenant, a row added by each
+-- deleting statement and folded into one row a tenant
 -- (functions/70_operations.sql, "Deliveries per tenant"). harel_tenants
 -- adds the two up: a tenant's deliveries so far, from which two readings
 -- give its deliveries per second and its measured share.
@@ -809,10 +810,10 @@ ALTER TABLE transport_groups ADD COLUMN IF NOT EXISTS handed BIGINT NOT NULL DEF
 
 CREATE TABLE IF NOT EXISTS transport_tenant_counts (
     tenant    TEXT NOT NULL,
-    stripe    INT NOT NULL,
-    delivered BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant, stripe)
+    folded    BOOLEAN NOT NULL DEFAULT false,
+    delivered BIGINT NOT NULL DEFAULT 0
 );
+CREATE UNIQUE INDEX IF NOT EXISTS transport_tenant_counts_folded ON transport_tenant_counts (tenant) WHERE folded;
 
 DROP FUNCTION IF EXISTS harel_group_rows(DOUBLE PRECISION, TEXT[]);
 DROP FUNCTION IF EXISTS harel_group(DOUBLE PRECISION, TEXT);
@@ -1304,12 +1305,15 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM pg_current_xact_id();  -- an id before the virtual time ("The frontier" in 25_ready.sql)
+    WITH p AS MATERIALIZED (  -- each tenant placed once: as a join's inner side it ran once a row
+        SELECT t.t, p.base, p.step
+          FROM (SELECT DISTINCT t FROM unnest(v_tenants) AS t) AS t,
+               LATERAL harel_ready_place(t.t) AS p
+    )
     INSERT INTO transport_ready (group_id, priority, tenant, vt)
     SELECT u.g, u.p, u.t, p.base + p.step * row_number() OVER (PARTITION BY u.t ORDER BY u.i)
       FROM unnest(v_groups, v_prios, v_tenants) WITH ORDINALITY AS u(g, p, t, i)
-      JOIN (SELECT t.t, p.base, p.step
-              FROM (SELECT DISTINCT t FROM unnest(v_tenants) AS t) AS t,
-                   LATERAL harel_ready_place(t.t) AS p) AS p ON p.t = u.t
+      JOIN p ON p.t = u.t
      ORDER BY u.i;
     PERFORM harel_wake_waiters((SELECT max(p) FROM unnest(v_prios) AS p));
     RETURN cardinality(v_groups);
@@ -1636,13 +1640,16 @@ SET jit = off
 AS $$
 BEGIN
     PERFORM pg_current_xact_id();  -- an id before the virtual time is read (see "The frontier")
+    WITH p AS MATERIALIZED (  -- each tenant placed once: as a join's inner side it ran once a row
+        SELECT t.tenant, p.base, p.step
+          FROM (SELECT DISTINCT c.tenant FROM harel_ready_created AS c) AS t,
+               LATERAL harel_ready_place(t.tenant) AS p
+    )
     INSERT INTO transport_ready (group_id, priority, tenant, vt)
     SELECT n.group_id, n.priority, n.tenant,
            p.base + p.step * row_number() OVER (PARTITION BY n.tenant ORDER BY n.group_id)
       FROM harel_ready_created AS n
-      JOIN (SELECT t.tenant, p.base, p.step
-              FROM (SELECT DISTINCT c.tenant FROM harel_ready_created AS c) AS t,
-                   LATERAL harel_ready_place(t.tenant) AS p) AS p ON p.tenant = n.tenant
+      JOIN p ON p.tenant = n.tenant
      WHERE n.locked_by IS NULL AND NOT n.paused AND n.drained_at IS NULL AND n.retry_at IS NULL
      ORDER BY n.group_id;
     RETURN NULL;
@@ -4385,16 +4392,16 @@ $$;
 -- Deliveries per tenant (docs/design.md, "Deliveries per tenant"): what
 -- a group row handed out (transport_groups.handed) goes to its tenant's
 -- count (transport_tenant_counts) when the row is deleted or truncated,
--- and when a kept row is revived for another tenant, so that a tenant's
--- delivered never goes back. Each session adds to a row of its own
--- (stripe: its pg_backend_pid()), so that no two sessions wait on one
--- row; harel_fold_counts, once a lap of the reap, folds the sessions'
--- rows into stripe 0.
+-- and when a kept row is revived for another tenant, so that what a
+-- tenant was handed stays counted. Each statement adds rows of its own
+-- (an insert, which waits for no one); harel_fold_counts, once a lap of
+-- the reap, folds them into one row a tenant. Only the fold updates or
+-- deletes a count, and one fold runs at a time, so no statement ever
+-- waits on the counts, nor holds one that another waits for.
 
--- harel_count_add adds p_counts to p_tenants' counts, in this session's
--- row of each (p_tenants without duplicates). In PL/pgSQL, whose plan
--- the session keeps: a SQL function called from a trigger is planned on
--- every call.
+-- harel_count_add adds p_counts to p_tenants' counts, a row each (p_tenants
+-- without duplicates). In PL/pgSQL, whose plan the session keeps: a SQL
+-- function called from a trigger is planned on every call.
 CREATE OR REPLACE FUNCTION harel_count_add(p_tenants TEXT[], p_counts BIGINT[])
 RETURNS VOID
 LANGUAGE plpgsql
@@ -4404,11 +4411,10 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT u.t, pg_backend_pid(), u.n
+    INSERT INTO transport_tenant_counts (tenant, delivered)
+    SELECT u.t, u.n
       FROM unnest(p_tenants, p_counts) AS u(t, n)
-     WHERE u.n > 0
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+     WHERE u.n > 0;
 END
 $$;
 
@@ -4487,10 +4493,12 @@ CREATE TRIGGER transport_groups_count_truncated
     BEFORE TRUNCATE ON transport_groups
     FOR EACH STATEMENT EXECUTE FUNCTION harel_count_truncated();
 
--- harel_fold_counts folds the sessions' counts into stripe 0, which only
--- it writes; a row a session holds (mid-transaction) is left for the
--- next fold. So the table keeps about a row per tenant, and one per
--- tenant and session between folds.
+-- harel_fold_counts folds the added rows into one row a tenant (folded),
+-- unless another fold's transaction is open (a transaction-level advisory
+-- lock, tried, never waited for): so the folded rows are written by one
+-- transaction at a time, and the added ones deleted by one; no one else
+-- updates or deletes a count. The table keeps a row a tenant, and the
+-- rows added since the last fold.
 CREATE OR REPLACE FUNCTION harel_fold_counts()
 RETURNS VOID
 LANGUAGE plpgsql
@@ -4500,19 +4508,21 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(('transport_tenant_counts'::regclass::oid::bigint & 2147483647)::int, 0) THEN
+        RETURN;
+    END IF;
     PERFORM set_config('enable_seqscan', 'on', true);  -- a small table, read whole
     WITH f AS (
         DELETE FROM transport_tenant_counts AS c
-         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM transport_tenant_counts AS x WHERE x.stripe <> 0
-                                     FOR UPDATE SKIP LOCKED))
+         WHERE NOT c.folded
         RETURNING c.tenant, c.delivered
     )
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT f.tenant, 0, sum(f.delivered)
+    INSERT INTO transport_tenant_counts AS c (tenant, folded, delivered)
+    SELECT f.tenant, true, sum(f.delivered)
       FROM f
      GROUP BY f.tenant
      ORDER BY f.tenant
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    ON CONFLICT (tenant) WHERE folded DO UPDATE SET delivered = c.delivered + excluded.delivered;
 END
 $$;
 

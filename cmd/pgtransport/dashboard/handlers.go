@@ -206,6 +206,7 @@ type tenantsData struct {
 	Tenants []tenantRow
 	Since   time.Duration // the rates' window (0: none)
 	Refresh int           // seconds
+	Every   time.Duration // tenantsReadEvery
 }
 
 // tenantsReading is one reading of Transport.Tenants, and when.
@@ -232,7 +233,7 @@ func (s *Server) tenants(w http.ResponseWriter, r *http.Request) {
 		s.tenantsReads = [2]tenantsReading{prev, last}
 	}
 	s.tenantsMu.Unlock()
-	d := tenantsData{Tenants: make([]tenantRow, len(last.tenants)), Refresh: int(TenantsRefresh.Seconds())}
+	d := tenantsData{Tenants: make([]tenantRow, len(last.tenants)), Refresh: int(TenantsRefresh.Seconds()), Every: tenantsReadEvery}
 	var rates []pgtransport.TenantRate
 	if gap := last.at.Sub(prev.at); !prev.at.IsZero() && gap <= 5*time.Minute {
 		d.Since = gap.Round(100 * time.Millisecond)

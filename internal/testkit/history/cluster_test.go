@@ -267,8 +267,6 @@ func TestClusterPartitionRestart(t *testing.T) {
 	}
 }
 
-// leftIn is how many messages and group rows the partitions hold, added
-// up.
 // leftIn counts the messages and undrained groups left on every partition. A
 // pool's idle connection that a killer or a restart cut fails once, so each
 // read is tried three times; an error after that is a partition that is down.

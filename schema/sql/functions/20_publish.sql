@@ -104,12 +104,15 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM pg_current_xact_id();  -- an id before the virtual time ("The frontier" in 25_ready.sql)
+    WITH p AS MATERIALIZED (  -- each tenant placed once: as a join's inner side it ran once a row
+        SELECT t.t, p.base, p.step
+          FROM (SELECT DISTINCT t FROM unnest(v_tenants) AS t) AS t,
+               LATERAL harel_ready_place(t.t) AS p
+    )
     INSERT INTO transport_ready (group_id, priority, tenant, vt)
     SELECT u.g, u.p, u.t, p.base + p.step * row_number() OVER (PARTITION BY u.t ORDER BY u.i)
       FROM unnest(v_groups, v_prios, v_tenants) WITH ORDINALITY AS u(g, p, t, i)
-      JOIN (SELECT t.t, p.base, p.step
-              FROM (SELECT DISTINCT t FROM unnest(v_tenants) AS t) AS t,
-                   LATERAL harel_ready_place(t.t) AS p) AS p ON p.t = u.t
+      JOIN p ON p.t = u.t
      ORDER BY u.i;
     PERFORM harel_wake_waiters((SELECT max(p) FROM unnest(v_prios) AS p));
     RETURN cardinality(v_groups);

@@ -151,13 +151,16 @@ SET jit = off
 AS $$
 BEGIN
     PERFORM pg_current_xact_id();  -- an id before the virtual time is read (see "The frontier")
+    WITH p AS MATERIALIZED (  -- each tenant placed once: as a join's inner side it ran once a row
+        SELECT t.tenant, p.base, p.step
+          FROM (SELECT DISTINCT c.tenant FROM harel_ready_created AS c) AS t,
+               LATERAL harel_ready_place(t.tenant) AS p
+    )
     INSERT INTO transport_ready (group_id, priority, tenant, vt)
     SELECT n.group_id, n.priority, n.tenant,
            p.base + p.step * row_number() OVER (PARTITION BY n.tenant ORDER BY n.group_id)
       FROM harel_ready_created AS n
-      JOIN (SELECT t.tenant, p.base, p.step
-              FROM (SELECT DISTINCT c.tenant FROM harel_ready_created AS c) AS t,
-                   LATERAL harel_ready_place(t.tenant) AS p) AS p ON p.tenant = n.tenant
+      JOIN p ON p.tenant = n.tenant
      WHERE n.locked_by IS NULL AND NOT n.paused AND n.drained_at IS NULL AND n.retry_at IS NULL
      ORDER BY n.group_id;
     RETURN NULL;

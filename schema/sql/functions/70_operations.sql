@@ -784,16 +784,16 @@ $$;
 -- Deliveries per tenant (docs/design.md, "Deliveries per tenant"): what
 -- a group row handed out (transport_groups.handed) goes to its tenant's
 -- count (transport_tenant_counts) when the row is deleted or truncated,
--- and when a kept row is revived for another tenant, so that a tenant's
--- delivered never goes back. Each session adds to a row of its own
--- (stripe: its pg_backend_pid()), so that no two sessions wait on one
--- row; harel_fold_counts, once a lap of the reap, folds the sessions'
--- rows into stripe 0.
+-- and when a kept row is revived for another tenant, so that what a
+-- tenant was handed stays counted. Each statement adds rows of its own
+-- (an insert, which waits for no one); harel_fold_counts, once a lap of
+-- the reap, folds them into one row a tenant. Only the fold updates or
+-- deletes a count, and one fold runs at a time, so no statement ever
+-- waits on the counts, nor holds one that another waits for.
 
--- harel_count_add adds p_counts to p_tenants' counts, in this session's
--- row of each (p_tenants without duplicates). In PL/pgSQL, whose plan
--- the session keeps: a SQL function called from a trigger is planned on
--- every call.
+-- harel_count_add adds p_counts to p_tenants' counts, a row each (p_tenants
+-- without duplicates). In PL/pgSQL, whose plan the session keeps: a SQL
+-- function called from a trigger is planned on every call.
 CREATE OR REPLACE FUNCTION harel_count_add(p_tenants TEXT[], p_counts BIGINT[])
 RETURNS VOID
 LANGUAGE plpgsql
@@ -803,11 +803,10 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT u.t, pg_backend_pid(), u.n
+    INSERT INTO transport_tenant_counts (tenant, delivered)
+    SELECT u.t, u.n
       FROM unnest(p_tenants, p_counts) AS u(t, n)
-     WHERE u.n > 0
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+     WHERE u.n > 0;
 END
 $$;
 
@@ -886,10 +885,12 @@ CREATE TRIGGER transport_groups_count_truncated
     BEFORE TRUNCATE ON transport_groups
     FOR EACH STATEMENT EXECUTE FUNCTION harel_count_truncated();
 
--- harel_fold_counts folds the sessions' counts into stripe 0, which only
--- it writes; a row a session holds (mid-transaction) is left for the
--- next fold. So the table keeps about a row per tenant, and one per
--- tenant and session between folds.
+-- harel_fold_counts folds the added rows into one row a tenant (folded),
+-- unless another fold's transaction is open (a transaction-level advisory
+-- lock, tried, never waited for): so the folded rows are written by one
+-- transaction at a time, and the added ones deleted by one; no one else
+-- updates or deletes a count. The table keeps a row a tenant, and the
+-- rows added since the last fold.
 CREATE OR REPLACE FUNCTION harel_fold_counts()
 RETURNS VOID
 LANGUAGE plpgsql
@@ -899,18 +900,20 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(('transport_tenant_counts'::regclass::oid::bigint & 2147483647)::int, 0) THEN
+        RETURN;
+    END IF;
     PERFORM set_config('enable_seqscan', 'on', true);  -- a small table, read whole
     WITH f AS (
         DELETE FROM transport_tenant_counts AS c
-         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM transport_tenant_counts AS x WHERE x.stripe <> 0
-                                     FOR UPDATE SKIP LOCKED))
+         WHERE NOT c.folded
         RETURNING c.tenant, c.delivered
     )
-    INSERT INTO transport_tenant_counts AS c (tenant, stripe, delivered)
-    SELECT f.tenant, 0, sum(f.delivered)
+    INSERT INTO transport_tenant_counts AS c (tenant, folded, delivered)
+    SELECT f.tenant, true, sum(f.delivered)
       FROM f
      GROUP BY f.tenant
      ORDER BY f.tenant
-    ON CONFLICT (tenant, stripe) DO UPDATE SET delivered = c.delivered + excluded.delivered;
+    ON CONFLICT (tenant) WHERE folded DO UPDATE SET delivered = c.delivered + excluded.delivered;
 END
 $$;
